@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the integration tests use. Runs only as root (CI does);
+# elsewhere it says so and the tests that need these packages skip with the reason.
+set -euo pipefail
+PACKAGES=(e2fsprogs)
+if [[ $(id -u) -ne 0 ]]; then
+    echo "system-deps: not root; skipping ${PACKAGES[*]} (tests that need them will skip)"
+    exit 0
+fi
+missing=()
+for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "system-deps: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

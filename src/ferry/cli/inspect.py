@@ -1,0 +1,123 @@
+"""``ferry inspect`` and ``ferry verify``: look into a checkpoint without loading it."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+
+from ferry.cli.output import emit_json, human_bytes, json_option, table
+from ferry.engine import list_checkpoints, read_manifest, split_url, verify
+from ferry.errors import CorruptCheckpointError, NoCheckpointError
+from ferry.storage import Storage
+
+
+def _targets(url: str, newest_only: bool) -> tuple[Storage, list[str]]:
+    storage, name = split_url(url)
+    if name is not None:
+        return storage, [name]
+    names = [r.name for r in list_checkpoints(storage)]
+    if not names:
+        raise NoCheckpointError(f"no committed checkpoint under {url}")
+    return storage, names[-1:] if newest_only else names
+
+
+def _summary(storage: Storage, name: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "url": storage.child_url(name),
+        "step": manifest["step"],
+        "created": manifest["created_iso"],
+        "bytes": sum(int(f["size"]) for f in manifest["files"].values()),
+        "tensors": len(manifest["tensors"]),
+        "world_size": manifest.get("world_size", 1),
+        "torch_version": manifest.get("torch_version"),
+        "ferry_version": manifest.get("ferry_version"),
+        "meta": manifest.get("meta", {}),
+    }
+
+
+def _tensor_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """Name each tensor by its path in the state tree."""
+    names: dict[int, str] = {}
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            for tag in ("__tensor__", "__ndarray__"):
+                if tag in node:
+                    names[int(node[tag])] = path
+                    return
+            if "__dict__" in node:
+                for k, v in node["__dict__"]:
+                    walk(v, f"{path}.{k}" if path else str(k))
+                return
+            for k, v in node.items():
+                walk(v, path if k in ("state", "__tuple__") else (f"{path}.{k}" if path else k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{path}[{i}]")
+
+    walk(manifest["tree"], "")
+    return [{"name": names.get(i, f"#{i}"), "dtype": e["dtype"], "shape": e["shape"],
+             "bytes": e["nbytes"], "device": e["device"]}
+            for i, e in enumerate(manifest["tensors"])]  # fmt: skip
+
+
+@click.command("inspect")
+@click.argument("url")
+@click.option("--all", "show_all", is_flag=True, help="Every checkpoint under a root.")
+@click.option("--tensors", is_flag=True, help="List every tensor.")
+@json_option
+def inspect_cmd(url: str, show_all: bool, tensors: bool, as_json: bool) -> None:
+    """Show a checkpoint's step, time, size and tensors (URL: a checkpoint or a root)."""
+    storage, names = _targets(url, newest_only=not show_all)
+    docs = []
+    for name in names:
+        manifest = read_manifest(storage, name)
+        doc = _summary(storage, name, manifest)
+        if tensors:
+            doc["tensor_list"] = _tensor_rows(manifest)
+        docs.append(doc)
+    if as_json:
+        emit_json(docs if show_all else docs[0])
+        return
+    for doc in docs:
+        age = time.time() - time.mktime(time.strptime(doc["created"], "%Y-%m-%dT%H:%M:%SZ"))
+        click.echo(f"{doc['url']}\n  step {doc['step']}, {human_bytes(doc['bytes'])} in "
+                   f"{doc['tensors']} tensors, saved {doc['created']} ({age - time.timezone:.0f} s ago), "
+                   f"world size {doc['world_size']}, torch {doc['torch_version']}")  # fmt: skip
+        if tensors:
+            rows = [(r["name"], r["dtype"], "x".join(map(str, r["shape"])) or "()",
+                     human_bytes(r["bytes"]), r["device"]) for r in doc["tensor_list"]]  # fmt: skip
+            click.echo(table(["tensor", "dtype", "shape", "size", "saved on"], rows))
+
+
+@click.command("verify")
+@click.argument("url")
+@click.option("--all", "check_all", is_flag=True, help="Verify every checkpoint under a root.")
+@json_option
+def verify_cmd(url: str, check_all: bool, as_json: bool) -> None:
+    """Check a checkpoint's manifest and checksums; exits non-zero if it is damaged."""
+    storage, names = _targets(url, newest_only=not check_all)
+    results = []
+    for name in names:
+        try:
+            manifest = verify(storage, name)
+            results.append({"url": storage.child_url(name), "step": manifest["step"],
+                            "ok": True, "error": None})  # fmt: skip
+        except CorruptCheckpointError as exc:
+            results.append({"url": storage.child_url(name), "step": None, "ok": False,
+                            "error": str(exc)})  # fmt: skip
+    if as_json:
+        emit_json(results if check_all else results[0])
+    else:
+        for r in results:
+            click.echo(
+                f"{'ok ' if r['ok'] else 'BAD'} {r['url']}" + (f": {r['error']}" if r["error"] else "")
+            )
+    bad = [r for r in results if not r["ok"]]
+    if bad:
+        raise click.exceptions.Exit(CorruptCheckpointError.exit_code)
+
+
+COMMANDS = [inspect_cmd, verify_cmd]

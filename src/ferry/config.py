@@ -1,0 +1,98 @@
+"""Every setting of the in-process session, in one keyword-only dataclass.
+
+Environment variables map onto it in one place, ``Config.from_env`` (``FERRY_<FIELD>``,
+upper case), which is how ``ferry run`` hands its options to the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from ferry.errors import ConfigError
+
+
+@dataclass(kw_only=True)
+class Config:
+    dir: str = "ferry-checkpoints"
+    """Checkpoint root: a local path or an fsspec URL (s3://, root://, memory://)."""
+    every_steps: int | None = None
+    """Checkpoint every N training steps (None: never on a step count)."""
+    every_seconds: float | None = None
+    """Checkpoint when this many seconds of wall clock passed since the last one."""
+    keep_last: int = 3
+    """Committed checkpoints to keep; older ones are deleted after each commit."""
+    keep_every: int | None = None
+    """Also keep forever every checkpoint whose step is a multiple of this."""
+    async_save: bool = True
+    """Periodic checkpoints persist in the background (a stop always waits)."""
+    stop_signals: tuple[str, ...] = ("SIGUSR1", "SIGTERM")
+    """Signals that mean: checkpoint at the next safe point, then exit with exit_code."""
+    checkpoint_signals: tuple[str, ...] = ("SIGUSR2",)
+    """Signals that mean: checkpoint at the next safe point and keep training."""
+    exit_code: int = 85
+    """Exit status after a committed checkpoint-and-stop ("checkpointed, resume me")."""
+    failure_exit_code: int = 86
+    """Exit status when a stop was requested but the checkpoint could not be committed."""
+    grace_seconds: float | None = None
+    """Time between the stop signal and SIGKILL, if known; saves slower than 80% of it warn."""
+    resume: bool = True
+    """Resume from the newest good checkpoint under ``dir`` when one exists."""
+    job_dir: str | None = None
+    """The job directory (status, control requests). None: ~/.local/state/ferry/jobs/<id>."""
+    job_id: str | None = None
+    """The job's id. None: FERRY_JOB_ID, else <host>-<pid>."""
+    control_poll_seconds: float = 0.2
+    """How often safe points look for control requests."""
+
+    def __post_init__(self) -> None:
+        if self.every_steps is not None and self.every_steps < 1:
+            raise ConfigError(f"every_steps must be >= 1, got {self.every_steps}")
+        if self.every_seconds is not None and self.every_seconds <= 0:
+            raise ConfigError(f"every_seconds must be > 0, got {self.every_seconds}")
+        if self.keep_last < 1:
+            raise ConfigError(f"keep_last must be >= 1 (the last good checkpoint), got {self.keep_last}")
+        if self.exit_code in (0, self.failure_exit_code) or not 0 < self.exit_code < 256:
+            raise ConfigError(f"exit_code {self.exit_code} must be 1..255 and differ from 0 and "
+                              f"failure_exit_code ({self.failure_exit_code}): the supervisor "
+                              "tells finished, checkpointed and failed apart by it")  # fmt: skip
+        for name in (*self.stop_signals, *self.checkpoint_signals):
+            if not isinstance(getattr(signal, name, None), signal.Signals):
+                raise ConfigError(f"unknown signal {name!r}; use names like SIGUSR1")
+        if set(self.stop_signals) & set(self.checkpoint_signals):
+            raise ConfigError("a signal cannot be both a stop and a checkpoint signal")
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> Config:
+        """Defaults, then FERRY_* variables, then explicit overrides."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(f"FERRY_{f.name.upper()}")
+            if raw is None:
+                continue
+            values[f.name] = _parse(f.name, str(f.type), raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def with_(self, **changes: Any) -> Config:
+        return replace(self, **changes)
+
+
+def _parse(name: str, type_: str, raw: str) -> Any:
+    try:
+        if raw == "" and "None" in type_:
+            return None
+        if type_.startswith("bool"):
+            return raw.lower() in ("1", "true", "yes", "on")
+        if type_.startswith("tuple"):
+            return tuple(s.strip() for s in raw.split(",") if s.strip())
+        if type_.startswith("int"):
+            return int(raw)
+        if type_.startswith("float"):
+            return float(raw)
+    except ValueError:
+        raise ConfigError(f"FERRY_{name.upper()}={raw!r} is not a valid {type_}") from None
+    return raw

@@ -1,0 +1,92 @@
+"""Asynchronous save: block only for the snapshot, persist on one background thread.
+
+At most one save is in flight. A second ``save`` waits for the first (and raises its
+error, if it failed), so host memory never holds more than one snapshot.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from ferry.engine.catalog import apply_retention
+from ferry.engine.format import flatten
+from ferry.engine.persist import CheckpointInfo, persist
+from ferry.engine.snapshot import HostBuffer, byte_view, snapshot
+from ferry.storage import Storage, open_storage
+
+
+class SaveHandle:
+    """The result of an asynchronous save."""
+
+    def __init__(self, future: Future[CheckpointInfo], step: int) -> None:
+        self._future = future
+        self.step = step
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def wait(self, timeout: float | None = None) -> CheckpointInfo:
+        """Block until committed; raises the save's error if it failed."""
+        return self._future.result(timeout)
+
+    def result(self) -> CheckpointInfo:
+        return self._future.result()
+
+
+class AsyncSaver:
+    """Saves to one checkpoint root; reuses its host buffer from save to save."""
+
+    def __init__(self, url: str, *, keep_last: int | None = 3, keep_every: int | None = None,
+                 on_commit: Callable[[CheckpointInfo], None] | None = None) -> None:  # fmt: skip
+        self.url = url
+        self.storage: Storage = open_storage(url)
+        self.keep_last = keep_last
+        self.keep_every = keep_every
+        self.on_commit = on_commit
+        self._buffer = HostBuffer()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ferry-persist")
+        self._inflight: SaveHandle | None = None
+        self._lock = threading.Lock()
+
+    def save(self, state: Any, *, step: int, meta: dict[str, Any] | None = None,
+             extra_files: dict[str, bytes] | None = None, blocking: bool = False) -> SaveHandle:  # fmt: skip
+        """Snapshot ``state`` now, persist it in the background. ``blocking=True`` waits."""
+        with self._lock:
+            self.wait()  # surfaces the previous save's error, frees the buffer
+            t0 = time.perf_counter()
+            flat = flatten(state)
+            host, size = snapshot(flat, self._buffer)
+            blocked = time.perf_counter() - t0
+            view = byte_view(host)
+
+            def work() -> CheckpointInfo:
+                name = persist(self.storage, flat, view, step, meta=meta, extra_files=extra_files)
+                if self.keep_last:
+                    apply_retention(self.storage, self.keep_last, self.keep_every)
+                info = CheckpointInfo(self.storage.child_url(name), step, size,
+                                      time.perf_counter() - t0, blocked)  # fmt: skip
+                if self.on_commit is not None:
+                    self.on_commit(info)
+                return info
+
+            handle = SaveHandle(self._pool.submit(work), step)
+            self._inflight = handle
+        if blocking:
+            handle.wait()
+        return handle
+
+    def wait(self) -> CheckpointInfo | None:
+        """Wait for the save in flight, if any; raises its error."""
+        handle, self._inflight = self._inflight, None
+        return handle.wait() if handle is not None else None
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
+            self._buffer.release()

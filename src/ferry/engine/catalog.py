@@ -1,0 +1,56 @@
+"""Which checkpoints exist under a root, in order, and which to keep."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ferry.storage import Storage, open_storage, strategy_for
+from ferry.storage.atomic import MANIFEST
+
+_NAME = re.compile(r"^step-(\d{12})(?:\.(\d+))?$")
+
+
+@dataclass(frozen=True, order=True)
+class CheckpointRef:
+    step: int
+    seq: int
+    name: str
+    url: str
+
+
+def list_checkpoints(storage: Storage) -> list[CheckpointRef]:
+    """Committed checkpoints under a root, oldest first (by step, then by save order)."""
+    strategy = strategy_for(storage)
+    refs = []
+    for name in storage.listdir():
+        m = _NAME.match(name)
+        if m and strategy.is_committed(storage, name):
+            refs.append(CheckpointRef(int(m[1]), int(m[2] or 0), name, storage.child_url(name)))
+    return sorted(refs)
+
+
+def split_url(url: str) -> tuple[Storage, str | None]:
+    """(root storage, checkpoint folder name) for a checkpoint URL, or (root, None) for a root."""
+    storage = open_storage(url)
+    if storage.exists(MANIFEST) and _NAME.match(url.rstrip("/").rsplit("/", 1)[-1]):
+        parent, name = url.rstrip("/").rsplit("/", 1)
+        return open_storage(parent), name
+    return storage, None
+
+
+def apply_retention(storage: Storage, keep_last: int, keep_every: int | None = None) -> list[str]:
+    """Delete committed checkpoints beyond the newest ``keep_last`` (those whose step is a
+    multiple of ``keep_every`` are kept), and staging folders of saves that died.
+    Single writer: call only from the process that saves. Returns what was removed."""
+    strategy = strategy_for(storage)
+    refs = list_checkpoints(storage)
+    doomed = [r.name for r in refs[: max(len(refs) - keep_last, 0)]
+              if not (keep_every and r.step % keep_every == 0)]  # fmt: skip
+    committed = {r.name for r in refs}
+    for name in storage.listdir():
+        if strategy.is_staging(name) or (_NAME.match(name) and name not in committed):
+            doomed.append(name)
+    for name in doomed:
+        storage.remove(name)
+    return doomed

@@ -1,0 +1,252 @@
+"""The on-disk format: a JSON manifest describing a tree of values and raw tensor bytes.
+
+Nothing here can execute code on load: the tree is JSON with a closed set of tags, and
+dtypes come from a fixed table. See docs/format.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import xxhash
+
+from ferry.errors import UnsafeCheckpointError, UnsupportedStateError
+
+FORMAT_NAME = "ferry-checkpoint"
+FORMAT_VERSION = 1
+ALIGN = 64
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    name: getattr(torch, name)
+    for name in (
+        "float64", "float32", "float16", "bfloat16", "complex64", "complex128",
+        "int64", "int32", "int16", "int8", "uint8", "bool",
+        "uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2",
+    )
+    if hasattr(torch, name)
+}  # fmt: skip
+DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
+NUMPY_KINDS = set("biufc")  # bool, int, uint, float, complex: no object or void dtypes
+
+
+def is_stateful(obj: Any) -> bool:
+    """The ``Stateful`` protocol: anything with ``state_dict`` and ``load_state_dict``."""
+    return (
+        callable(getattr(obj, "state_dict", None))
+        and callable(getattr(obj, "load_state_dict", None))
+        and not isinstance(obj, (dict, torch.Tensor))
+    )
+
+
+@dataclass
+class TensorEntry:
+    dtype: str
+    shape: list[int]
+    nbytes: int
+    kind: str = "torch"  # or "numpy"
+    device: str = "cpu"
+    file: str = "data-0.bin"
+    offset: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Flattened:
+    """A state tree split into a JSON skeleton and the arrays it refers to, by index."""
+
+    tree: Any
+    arrays: list[torch.Tensor | np.ndarray] = field(default_factory=list)
+    entries: list[TensorEntry] = field(default_factory=list)
+
+
+def _path(parent: str, key: Any) -> str:
+    return f"{parent}.{key}" if parent else str(key)
+
+
+def flatten(state: Any) -> Flattened:
+    """Encode ``state`` (Stateful objects, tensors, arrays, plain values) as a skeleton."""
+    out = Flattened(tree=None)
+    out.tree = _enc(state, out, "")
+    return out
+
+
+def _enc(v: Any, out: Flattened, path: str) -> Any:
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, float):
+        return v if math.isfinite(v) else {"__float__": repr(v)}
+    if isinstance(v, torch.Tensor):
+        return {"__tensor__": _add_tensor(v, out, path)}
+    if isinstance(v, np.ndarray):
+        return {"__ndarray__": _add_ndarray(v, out, path)}
+    if isinstance(v, np.generic):
+        return {"__npscalar__": v.dtype.str, "value": _enc(v.item(), out, path)}
+    if isinstance(v, (bytes, bytearray)):
+        return {"__bytes__": base64.b64encode(bytes(v)).decode()}
+    if isinstance(v, dict):
+        if all(isinstance(k, str) and not k.startswith("__") for k in v):
+            return {k: _enc(x, out, _path(path, k)) for k, x in v.items()}
+        return {"__dict__": [[_enc(k, out, path), _enc(x, out, _path(path, k))]
+                             for k, x in v.items()]}  # fmt: skip
+    if isinstance(v, list):
+        return [_enc(x, out, _path(path, i)) for i, x in enumerate(v)]
+    if isinstance(v, tuple):  # torch.Size is a tuple too
+        return {"__tuple__": [_enc(x, out, _path(path, i)) for i, x in enumerate(v)]}
+    if isinstance(v, torch.dtype) and v in DTYPE_NAMES:
+        return {"__dtype__": DTYPE_NAMES[v]}
+    if isinstance(v, torch.device):
+        return {"__device__": str(v)}
+    if is_stateful(v):
+        return {"__stateful__": type(v).__qualname__, "state": _enc(v.state_dict(), out, path)}
+    raise UnsupportedStateError(
+        f"cannot checkpoint {path or 'the state'} of type {type(v).__module__}."
+        f"{type(v).__qualname__}: give it state_dict()/load_state_dict(), convert it to "
+        "plain values, or save it through ferry's save_fn/restore_fn pair"
+    )
+
+
+def _add_tensor(t: torch.Tensor, out: Flattened, path: str) -> int:
+    if t.layout != torch.strided or t.is_quantized or t.dtype not in DTYPE_NAMES:
+        raise UnsupportedStateError(
+            f"cannot checkpoint tensor {path}: layout {t.layout}, dtype {t.dtype}; "
+            "convert it to a dense tensor of a standard dtype first"
+        )
+    out.entries.append(TensorEntry(DTYPE_NAMES[t.dtype], list(t.shape),
+                                   t.numel() * t.element_size(), "torch", str(t.device)))  # fmt: skip
+    out.arrays.append(t.detach())
+    return len(out.arrays) - 1
+
+
+def _add_ndarray(a: np.ndarray, out: Flattened, path: str) -> int:
+    if a.dtype.kind not in NUMPY_KINDS:
+        raise UnsupportedStateError(
+            f"cannot checkpoint array {path} of dtype {a.dtype}: object and structured "
+            "arrays could run code on load; store numbers only"
+        )
+    out.entries.append(TensorEntry(a.dtype.str, list(a.shape), a.nbytes, "numpy"))
+    out.arrays.append(a)
+    return len(out.arrays) - 1
+
+
+def layout(entries: list[TensorEntry], file: str = "data-0.bin") -> int:
+    """Assign aligned offsets in one data file; returns the file size."""
+    offset = 0
+    for e in entries:
+        e.file, e.offset = file, offset
+        offset += -(-e.nbytes // ALIGN) * ALIGN if e.nbytes else 0
+    return offset
+
+
+# ---------------------------------------------------------------------------- decoding
+
+_TAGS = {"__float__", "__tensor__", "__ndarray__", "__npscalar__", "__bytes__", "__dict__",
+         "__tuple__", "__dtype__", "__device__", "__stateful__"}  # fmt: skip
+
+
+def unflatten(tree: Any, arrays: list[Any]) -> Any:
+    """Decode a skeleton; ``arrays[i]`` replaces tensor index ``i``."""
+    if tree is None or isinstance(tree, (bool, int, float, str)):
+        return tree
+    if isinstance(tree, list):
+        return [unflatten(x, arrays) for x in tree]
+    if not isinstance(tree, dict):
+        raise UnsafeCheckpointError(f"unexpected JSON value {type(tree).__name__} in manifest")
+    tags = [k for k in tree if k.startswith("__")]
+    if not tags:
+        return {k: unflatten(x, arrays) for k, x in tree.items()}
+    tag = tags[0]
+    if tag not in _TAGS:
+        raise UnsafeCheckpointError(
+            f"checkpoint manifest uses unknown tag {tag!r}; ferry loads only plain values and "
+            "tensors and never runs code from a checkpoint: this file was not written by ferry"
+        )
+    val = tree[tag]
+    if tag == "__float__":
+        if val not in ("nan", "inf", "-inf"):
+            raise UnsafeCheckpointError(f"bad float literal {val!r} in manifest")
+        return float(val)
+    if tag in ("__tensor__", "__ndarray__"):
+        if not isinstance(val, int) or not 0 <= val < len(arrays):
+            raise UnsafeCheckpointError(f"manifest refers to missing tensor {val!r}")
+        return arrays[val]
+    if tag == "__npscalar__":
+        return np.dtype(_safe_np_dtype(val)).type(unflatten(tree["value"], arrays))
+    if tag == "__bytes__":
+        return base64.b64decode(val)
+    if tag == "__dict__":
+        return {_hashable(unflatten(k, arrays)): unflatten(x, arrays) for k, x in val}
+    if tag == "__tuple__":
+        return tuple(unflatten(x, arrays) for x in val)
+    if tag == "__dtype__":
+        return torch_dtype(val)
+    if tag == "__device__":
+        return torch.device(str(val))
+    return unflatten(tree["state"], arrays)  # __stateful__: its state dict
+
+
+def _hashable(k: Any) -> Any:
+    if isinstance(k, list):
+        raise UnsafeCheckpointError("manifest uses a list as a dict key")
+    return k
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    try:
+        return TORCH_DTYPES[name]
+    except (KeyError, TypeError):
+        raise UnsafeCheckpointError(f"unknown tensor dtype {name!r} in manifest") from None
+
+
+def _safe_np_dtype(name: str) -> np.dtype[Any]:
+    try:
+        dt = np.dtype(name)
+    except TypeError:
+        raise UnsafeCheckpointError(f"unknown array dtype {name!r} in manifest") from None
+    if dt.kind not in NUMPY_KINDS:
+        raise UnsafeCheckpointError(f"array dtype {name!r} is not a number type; refused")
+    return dt
+
+
+# ---------------------------------------------------------------------------- manifest
+
+
+def manifest_bytes(body: dict[str, Any]) -> bytes:
+    """Serialize with a checksum over the canonical body, so a damaged manifest is caught."""
+    canon = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    doc = dict(body, checksum=xxhash.xxh3_64_hexdigest(canon.encode()))
+    return json.dumps(doc, sort_keys=True, indent=1).encode()
+
+
+def parse_manifest(data: bytes, where: str) -> dict[str, Any]:
+    from ferry.errors import CorruptCheckpointError
+
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        if data[:2] == b"PK" or data[:1] == b"\x80":
+            raise UnsafeCheckpointError(
+                f"{where} is a pickle/zip file, not a ferry manifest; ferry never unpickles"
+            ) from exc
+        raise CorruptCheckpointError(f"{where}: manifest is not valid JSON ({exc})") from exc
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
+        raise UnsafeCheckpointError(f"{where} is not a ferry checkpoint manifest")
+    if doc.get("version", 0) > FORMAT_VERSION:
+        raise CorruptCheckpointError(
+            f"{where}: format version {doc.get('version')} is newer than this ferry "
+            f"understands ({FORMAT_VERSION}); upgrade ferry"
+        )
+    checksum = doc.pop("checksum", None)
+    canon = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    if checksum != xxhash.xxh3_64_hexdigest(canon.encode()):
+        raise CorruptCheckpointError(f"{where}: manifest checksum mismatch (damaged file)")
+    return doc

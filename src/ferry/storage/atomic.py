@@ -1,0 +1,53 @@
+"""Atomic-commit strategies, named, one per kind of backend.
+
+``rename``: data is written under a hidden staging folder, then the folder is renamed to
+its final name; the rename is the commit. Used where the filesystem renames atomically.
+
+``marker``: data is written in place, and a ``COMMITTED`` marker is written last; a folder
+without the marker does not exist as far as readers are concerned. Used on object stores.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from ferry.storage.base import CommitStrategy, Storage
+
+MANIFEST = "manifest.json"
+MARKER = "COMMITTED"
+STAGING_PREFIX = ".staging-"
+
+
+class RenameCommit:
+    name = "rename"
+
+    def staging_name(self, final: str) -> str:
+        return f"{STAGING_PREFIX}{final}-{uuid.uuid4().hex[:8]}"
+
+    def commit(self, storage: Storage, staging: str, final: str) -> None:
+        storage.rename(staging, final)
+
+    def is_committed(self, storage: Storage, name: str) -> bool:
+        return not self.is_staging(name) and storage.exists(f"{name}/{MANIFEST}")
+
+    def is_staging(self, name: str) -> bool:
+        return name.startswith(STAGING_PREFIX)
+
+
+class MarkerCommit:
+    name = "marker"
+
+    def staging_name(self, final: str) -> str:
+        return final
+
+    def commit(self, storage: Storage, staging: str, final: str) -> None:
+        storage.write_bytes(f"{final}/{MARKER}", b"committed\n")
+
+    def is_committed(self, storage: Storage, name: str) -> bool:
+        return storage.exists(f"{name}/{MARKER}")
+
+    def is_staging(self, name: str) -> bool:
+        return name.startswith(STAGING_PREFIX)
+
+
+STRATEGIES: dict[str, CommitStrategy] = {"rename": RenameCommit(), "marker": MarkerCommit()}
