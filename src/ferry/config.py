@@ -55,9 +55,11 @@ class Config:
         if self.keep_last < 1:
             raise ConfigError(f"keep_last must be >= 1 (the last good checkpoint), got {self.keep_last}")
         if self.exit_code in (0, self.failure_exit_code) or not 0 < self.exit_code < 256:
-            raise ConfigError(f"exit_code {self.exit_code} must be 1..255 and differ from 0 and "
-                              f"failure_exit_code ({self.failure_exit_code}): the supervisor "
-                              "tells finished, checkpointed and failed apart by it")  # fmt: skip
+            raise ConfigError(
+                f"exit_code {self.exit_code} must be 1..255 and differ from 0 and "
+                f"failure_exit_code ({self.failure_exit_code}): the supervisor "
+                "tells finished, checkpointed and failed apart by it"
+            )
         for name in (*self.stop_signals, *self.checkpoint_signals):
             if not isinstance(getattr(signal, name, None), signal.Signals):
                 raise ConfigError(f"unknown signal {name!r}; use names like SIGUSR1")

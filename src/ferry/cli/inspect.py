@@ -58,9 +58,16 @@ def _tensor_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
                 walk(v, f"{path}[{i}]")
 
     walk(manifest["tree"], "")
-    return [{"name": names.get(i, f"#{i}"), "dtype": e["dtype"], "shape": e["shape"],
-             "bytes": e["nbytes"], "device": e["device"]}
-            for i, e in enumerate(manifest["tensors"])]  # fmt: skip
+    return [
+        {
+            "name": names.get(i, f"#{i}"),
+            "dtype": e["dtype"],
+            "shape": e["shape"],
+            "bytes": e["nbytes"],
+            "device": e["device"],
+        }
+        for i, e in enumerate(manifest["tensors"])
+    ]
 
 
 @click.command("inspect")
@@ -83,12 +90,22 @@ def inspect_cmd(url: str, show_all: bool, tensors: bool, as_json: bool) -> None:
         return
     for doc in docs:
         age = time.time() - time.mktime(time.strptime(doc["created"], "%Y-%m-%dT%H:%M:%SZ"))
-        click.echo(f"{doc['url']}\n  step {doc['step']}, {human_bytes(doc['bytes'])} in "
-                   f"{doc['tensors']} tensors, saved {doc['created']} ({age - time.timezone:.0f} s ago), "
-                   f"world size {doc['world_size']}, torch {doc['torch_version']}")  # fmt: skip
+        click.echo(
+            f"{doc['url']}\n  step {doc['step']}, {human_bytes(doc['bytes'])} in "
+            f"{doc['tensors']} tensors, saved {doc['created']} ({age - time.timezone:.0f} s ago), "
+            f"world size {doc['world_size']}, torch {doc['torch_version']}"
+        )
         if tensors:
-            rows = [(r["name"], r["dtype"], "x".join(map(str, r["shape"])) or "()",
-                     human_bytes(r["bytes"]), r["device"]) for r in doc["tensor_list"]]  # fmt: skip
+            rows = [
+                (
+                    r["name"],
+                    r["dtype"],
+                    "x".join(map(str, r["shape"])) or "()",
+                    human_bytes(r["bytes"]),
+                    r["device"],
+                )
+                for r in doc["tensor_list"]
+            ]
             click.echo(table(["tensor", "dtype", "shape", "size", "saved on"], rows))
 
 
@@ -103,11 +120,11 @@ def verify_cmd(url: str, check_all: bool, as_json: bool) -> None:
     for name in names:
         try:
             manifest = verify(storage, name)
-            results.append({"url": storage.child_url(name), "step": manifest["step"],
-                            "ok": True, "error": None})  # fmt: skip
+            results.append(
+                {"url": storage.child_url(name), "step": manifest["step"], "ok": True, "error": None}
+            )
         except CorruptCheckpointError as exc:
-            results.append({"url": storage.child_url(name), "step": None, "ok": False,
-                            "error": str(exc)})  # fmt: skip
+            results.append({"url": storage.child_url(name), "step": None, "ok": False, "error": str(exc)})
     if as_json:
         emit_json(results if check_all else results[0])
     else:

@@ -18,33 +18,45 @@ from ferry.engine.catalog import CheckpointRef, apply_retention, list_checkpoint
 from ferry.engine.format import flatten
 from ferry.engine.persist import CheckpointInfo, persist
 from ferry.engine.reader import Loaded, load_one, read_manifest, verify
-from ferry.engine.snapshot import HostBuffer, byte_view, snapshot
+from ferry.engine.snapshot import HostBuffer, byte_view, direct_segments, snapshot
 from ferry.errors import CorruptCheckpointError, NoCheckpointError
 
 log = logging.getLogger("ferry")
 
 
-def save(state: Any, url: str, *, step: int, meta: dict[str, Any] | None = None,
-         keep_last: int | None = None, keep_every: int | None = None,
-         extra_files: dict[str, bytes] | None = None) -> CheckpointInfo:  # fmt: skip
+def save(
+    state: Any,
+    url: str,
+    *,
+    step: int,
+    meta: dict[str, Any] | None = None,
+    keep_last: int | None = None,
+    keep_every: int | None = None,
+    extra_files: dict[str, bytes] | None = None,
+) -> CheckpointInfo:
     """Save ``state`` under the checkpoint root ``url`` synchronously; returns once committed."""
     from ferry.storage import open_storage
 
     t0 = time.perf_counter()
     flat = flatten(state)
-    buffer = HostBuffer()
-    host, size = snapshot(flat, buffer)
-    blocking = time.perf_counter() - t0
+    # Nothing runs while a synchronous save writes: host tensors go out without a copy.
+    direct = direct_segments(flat)
+    if direct is None:
+        host, size = snapshot(flat, HostBuffer())
+        data: memoryview | list[memoryview] = byte_view(host)
+    else:
+        data, size = direct
     storage = open_storage(url)
-    name = persist(storage, flat, byte_view(host), step, meta=meta,
-                   extra_files=extra_files)  # fmt: skip
+    name = persist(storage, flat, data, step, meta=meta, extra_files=extra_files)
     if keep_last:
         apply_retention(storage, keep_last, keep_every)
-    return CheckpointInfo(storage.child_url(name), step, size, time.perf_counter() - t0, blocking)
+    seconds = time.perf_counter() - t0
+    return CheckpointInfo(storage.child_url(name), step, size, seconds, seconds)
 
 
-def load(url: str, *, into: Any = None, target_device: str | torch.device = "cpu",
-         fallback: bool = True) -> Loaded:  # fmt: skip
+def load(
+    url: str, *, into: Any = None, target_device: str | torch.device = "cpu", fallback: bool = True
+) -> Loaded:
     """Load the checkpoint at ``url`` (a checkpoint, or a root: the newest good one in it).
 
     With ``into`` (the tree that was saved, holding live objects), the state is restored
@@ -57,12 +69,13 @@ def load(url: str, *, into: Any = None, target_device: str | torch.device = "cpu
     else:
         candidates = [r.name for r in reversed(list_checkpoints(storage))]
         if not candidates:
-            raise NoCheckpointError(f"no committed checkpoint under {url}; "
-                                    "check the URL, or start the job fresh")  # fmt: skip
+            raise NoCheckpointError(
+                f"no committed checkpoint under {url}; check the URL, or start the job fresh"
+            )
     errors = []
     for cand in candidates:
         try:
-            loaded = load_one(storage, cand, target_device)
+            loaded = load_one(storage, cand, target_device, into=into)
         except CorruptCheckpointError as exc:
             if not fallback or name is not None:
                 raise
@@ -70,8 +83,12 @@ def load(url: str, *, into: Any = None, target_device: str | torch.device = "cpu
             log.warning("ferry: skipping damaged checkpoint: %s", exc)
             continue
         if errors:
-            log.warning("ferry: fell back to %s (step %d) after %d damaged checkpoint(s)",
-                        loaded.url, loaded.step, len(errors))  # fmt: skip
+            log.warning(
+                "ferry: fell back to %s (step %d) after %d damaged checkpoint(s)",
+                loaded.url,
+                loaded.step,
+                len(errors),
+            )
         if into is not None:
             apply_state(into, loaded.state)
         return loaded

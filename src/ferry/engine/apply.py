@@ -23,8 +23,9 @@ def apply_state(target: Any, loaded: Any, path: str = "") -> Any:
         return target
     if isinstance(target, torch.Tensor):
         if not isinstance(loaded, torch.Tensor) or loaded.shape != target.shape:
-            raise CorruptCheckpointError(f"{where}: checkpoint holds {_desc(loaded)}, "
-                                         f"the live tensor is {tuple(target.shape)}")  # fmt: skip
+            raise CorruptCheckpointError(
+                f"{where}: checkpoint holds {_desc(loaded)}, the live tensor is {tuple(target.shape)}"
+            )
         with torch.no_grad():
             target.copy_(loaded)
         return target
@@ -37,8 +38,9 @@ def apply_state(target: Any, loaded: Any, path: str = "") -> Any:
                 target[key] = loaded[key]
         return target
     if isinstance(target, list) and isinstance(loaded, list):
-        target[:] = [apply_state(target[i], v, f"{path}[{i}]") if i < len(target) else v
-                     for i, v in enumerate(loaded)]  # fmt: skip
+        target[:] = [
+            apply_state(target[i], v, f"{path}[{i}]") if i < len(target) else v for i, v in enumerate(loaded)
+        ]
         return target
     return loaded
 

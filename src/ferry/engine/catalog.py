@@ -45,8 +45,9 @@ def apply_retention(storage: Storage, keep_last: int, keep_every: int | None = N
     Single writer: call only from the process that saves. Returns what was removed."""
     strategy = strategy_for(storage)
     refs = list_checkpoints(storage)
-    doomed = [r.name for r in refs[: max(len(refs) - keep_last, 0)]
-              if not (keep_every and r.step % keep_every == 0)]  # fmt: skip
+    doomed = [
+        r.name for r in refs[: max(len(refs) - keep_last, 0)] if not (keep_every and r.step % keep_every == 0)
+    ]
     committed = {r.name for r in refs}
     for name in storage.listdir():
         if strategy.is_staging(name) or (_NAME.match(name) and name not in committed):

@@ -1,0 +1,305 @@
+"""DataLoader positions: which epoch, how many batches, and the RNG the epoch began with.
+
+ferry hooks one narrow point, ``DataLoader.__iter__``, and only for loaders it tracks: the
+iterator it returns is wrapped so that each batch request is a safe point. On resume, the
+interrupted epoch's iterator is rebuilt from the RNG state the epoch began with (so the
+shuffle permutation and worker seeds are the same) and the consumed batches are skipped
+at the sampler: their indices are drawn, their samples are never loaded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from ferry.state.rng import own, set_generator_state
+
+log = logging.getLogger("ferry")
+_END = object()
+
+
+class Hooks:
+    """What a tracked loader asks of the session."""
+
+    def before_batch(self, tracker: LoaderTracker) -> None: ...
+
+    def after_batch(self, tracker: LoaderTracker) -> None: ...
+
+    def at_restore_point(self, tracker: LoaderTracker) -> None: ...
+
+    def fast_forwarding(self, tracker: LoaderTracker) -> bool:
+        return False
+
+
+def _generators(loader: DataLoader[Any]) -> dict[str, torch.Generator]:
+    """Every torch.Generator the loader's sampling draws from, by role."""
+    found: dict[str, torch.Generator] = {}
+    candidates = {
+        "loader": loader.generator,
+        "sampler": getattr(loader.sampler, "generator", None),
+        "batch_sampler": getattr(getattr(loader.batch_sampler, "sampler", None), "generator", None),
+    }
+    seen: set[int] = set()
+    for role, gen in candidates.items():
+        if isinstance(gen, torch.Generator) and id(gen) not in seen:
+            seen.add(id(gen))
+            found[role] = gen
+    return found
+
+
+def capture_epoch_rng(loader: DataLoader[Any]) -> dict[str, Any]:
+    """The random state that decides an epoch's order and worker seeds, taken before iter()."""
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "generators": {role: g.get_state() for role, g in _generators(loader).items()},
+    }
+
+
+def apply_epoch_rng(loader: DataLoader[Any], state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(own(state["torch"]))
+    for role, gen in _generators(loader).items():
+        set_generator_state(gen, state["generators"].get(role))
+
+
+class _SkipIter:
+    """The sampler's iterator, started eagerly, with its first ``skip`` items dropped."""
+
+    def __init__(self, sampler: Any, skip: int) -> None:
+        self._sampler, self._skip = sampler, skip
+        self._it: Iterator[Any] | None = None
+        self._head: Any = _END
+
+    def prime(self) -> None:
+        """Start the sampler now (it draws its seed here, as in the interrupted run)."""
+        if self._it is None:
+            self._it = iter(self._sampler)
+            if self._skip:
+                next(itertools.islice(self._it, self._skip - 1, self._skip), None)
+            self._head = next(self._it, _END)
+
+    def __iter__(self) -> _SkipIter:
+        return self
+
+    def __next__(self) -> Any:
+        self.prime()
+        assert self._it is not None
+        if self._head is not _END:
+            head, self._head = self._head, _END
+            return head
+        return next(self._it)
+
+
+class _SkipSampler:
+    """Stands in for the loader's index sampler while the resumed epoch's iterator is built.
+    One-shot: a persistent-workers iterator keeps it and later epochs iterate normally."""
+
+    def __init__(self, inner: Any, skip: int) -> None:
+        self.inner, self.skip = inner, skip
+        self.started: _SkipIter | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        # A multi-worker iterator calls iter() twice while it is built: both get the same
+        # skipping iterator. Once that one has started, later epochs iterate normally.
+        if self.started is None:
+            self.started = _SkipIter(self.inner, self.skip)
+            return self.started
+        if self.started._it is None:
+            return self.started
+        return iter(self.inner)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _build_skipping(loader: DataLoader[Any], skip: int, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+    attr = "batch_sampler" if loader.batch_sampler is not None else "sampler"
+    inner = getattr(loader, attr)
+    wrapper = _SkipSampler(inner, skip)
+    object.__setattr__(loader, attr, wrapper)  # DataLoader forbids this after init; undone below
+    try:
+        it = make()
+    finally:
+        object.__setattr__(loader, attr, inner)
+    if wrapper.started is not None:
+        wrapper.started.prime()
+    return it
+
+
+class LoaderTracker:
+    """Position of one tracked DataLoader."""
+
+    def __init__(self, name: str, loader: DataLoader[Any], hooks: Hooks) -> None:
+        self.name = name
+        self.loader_ref = weakref.ref(loader)
+        self.hooks = hooks
+        self.epoch = -1
+        self.batches = 0
+        self.epoch_rng: dict[str, Any] | None = None
+        self.resume_at: dict[str, Any] | None = None
+        """Saved position to rebuild at the matching iter() call."""
+        self.restore_pending = False
+        self.relative = False
+        """Resume at the very next iter() (explicit restore), not at the saved epoch index."""
+
+    # ------------------------------------------------------------------ checkpoint
+    def position(self) -> dict[str, Any]:
+        loader = self.loader_ref()
+        gens = {} if loader is None else {r: g.get_state() for r, g in _generators(loader).items()}
+        return {"epoch": self.epoch, "batches": self.batches, "epoch_rng": self.epoch_rng, "generators": gens}
+
+    def restore_generators(self, position: dict[str, Any]) -> None:
+        loader = self.loader_ref()
+        if loader is not None:
+            for role, gen in _generators(loader).items():
+                set_generator_state(gen, position.get("generators", {}).get(role))
+
+    # ------------------------------------------------------------------ iteration
+    def new_epoch(self, loader: DataLoader[Any], make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+        self.epoch += 1
+        self.batches = 0
+        target = self.resume_at
+        if target is not None and self.relative:
+            self.epoch = int(target["epoch"])
+        if target is not None and self.epoch < int(target["epoch"]) and self.hooks.fast_forwarding(self):
+            return iter(())  # an epoch the checkpoint already covers: skipped, nothing loaded
+        if target is None or self.epoch != int(target["epoch"]):
+            self.epoch_rng = capture_epoch_rng(loader)
+            return TrackedIter(self, self._build(loader, 0, make))
+        return self._resume_epoch(loader, make, target)
+
+    @staticmethod
+    def _build(loader: DataLoader[Any], skip: int, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+        """Build the epoch's iterator with its sampler started at once, skipping ``skip``
+        batches. Starting the sampler in iter() (rather than at the first batch) makes the
+        random draws happen in the same order in a fresh and in a resumed epoch."""
+        if isinstance(loader.dataset, IterableDataset):
+            return make()
+        return _build_skipping(loader, skip, make)
+
+    def _resume_epoch(
+        self, loader: DataLoader[Any], make: Callable[[], Iterator[Any]], target: dict[str, Any]
+    ) -> Iterator[Any]:
+        self.resume_at = None
+        self.relative = False
+        skip = int(target["batches"])
+        stash = capture_epoch_rng(loader)
+        self.epoch_rng = target["epoch_rng"]
+        if self.epoch_rng is not None:
+            apply_epoch_rng(loader, self.epoch_rng)
+        if isinstance(loader.dataset, IterableDataset):
+            it = make()
+            if skip:
+                log.warning(
+                    "ferry: %s iterates an IterableDataset; resuming reads and drops %d "
+                    "batches (no sampler to skip at)",
+                    self.name,
+                    skip,
+                )
+                for _ in itertools.islice(it, skip):
+                    pass
+        else:
+            it = self._build(loader, skip, make)
+        self.batches = skip
+        if self.restore_pending:
+            return TrackedIter(self, it, restore_point=True)
+        apply_epoch_rng(loader, stash)  # explicit restore already set the save-time state
+        self.restore_generators(target)
+        return TrackedIter(self, it)
+
+
+class TrackedIter:
+    """The iterator a tracked loader hands out: each request for a batch is a safe point."""
+
+    def __init__(self, tracker: LoaderTracker, real: Iterator[Any], restore_point: bool = False) -> None:
+        self.tracker = tracker
+        self.real = real
+        self._restore_point = restore_point
+
+    def __iter__(self) -> TrackedIter:
+        return self
+
+    def __len__(self) -> int:
+        return len(self.real)  # type: ignore[arg-type]
+
+    def __next__(self) -> Any:
+        hooks = self.tracker.hooks
+        if self._restore_point:
+            self._restore_point = False
+            hooks.at_restore_point(self.tracker)
+        hooks.before_batch(self.tracker)
+        batch = next(self.real)
+        self.tracker.batches += 1
+        hooks.after_batch(self.tracker)
+        return batch
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+_TRACKED: weakref.WeakKeyDictionary[DataLoader[Any], LoaderTracker] = weakref.WeakKeyDictionary()
+_original_iter: Callable[[DataLoader[Any]], Iterator[Any]] | None = None
+
+
+def _iter(self: DataLoader[Any]) -> Iterator[Any]:
+    assert _original_iter is not None
+    tracker = _TRACKED.get(self)
+    if tracker is None:
+        return _original_iter(self)
+    original = _original_iter
+    return tracker.new_epoch(self, lambda: original(self))
+
+
+def track_loader(name: str, loader: DataLoader[Any], hooks: Hooks) -> LoaderTracker:
+    """Start tracking ``loader``: installs the ``DataLoader.__iter__`` hook on first use."""
+    global _original_iter
+    if _original_iter is None:
+        _original_iter = DataLoader.__iter__
+        DataLoader.__iter__ = _iter  # type: ignore[method-assign,assignment]
+    tracker = _TRACKED.get(loader)
+    if tracker is None:
+        tracker = _TRACKED[loader] = LoaderTracker(name, loader, hooks)
+    return tracker
+
+
+def untrack_all() -> None:
+    """Forget every tracked loader and put ``DataLoader.__iter__`` back."""
+    global _original_iter
+    _TRACKED.clear()
+    if _original_iter is not None:
+        DataLoader.__iter__ = _original_iter  # type: ignore[method-assign,assignment]
+        _original_iter = None
+
+
+class WorkerInit:
+    """Wraps a loader's ``worker_init_fn``: workers ignore the stop signals, so a signal sent
+    to the whole process group cannot kill them before the main process has saved."""
+
+    def __init__(self, inner: Callable[[int], None] | None, signums: list[int]) -> None:
+        self.inner, self.signums = inner, signums
+
+    def __call__(self, worker_id: int) -> None:
+        from ferry.runtime.signals import ignore_in_worker
+
+        ignore_in_worker(self.signums)
+        if self.inner is not None:
+            self.inner(worker_id)
+
+
+def protect_workers(loader: DataLoader[Any], signums: list[int]) -> None:
+    if loader.num_workers > 0 and not isinstance(loader.worker_init_fn, WorkerInit):
+        loader.worker_init_fn = WorkerInit(loader.worker_init_fn, signums)
