@@ -2,7 +2,10 @@
 # Installs the Debian packages the integration tests use. Runs only as root (CI does);
 # elsewhere it says so and the tests that need these packages skip with the reason.
 set -euo pipefail
-PACKAGES=(e2fsprogs)
+# xrootd-server: the daemon the storage tests run on loopback; xrootd-client: xrdfs/xrdcp to
+# look at it by hand. The Python client is the `xrootd` wheel from pip (the `test` extra):
+# fsspec-xrootd needs XRootD >= 6, Debian's python3-xrootd is 5.5.
+PACKAGES=(e2fsprogs xrootd-server xrootd-client)
 if [[ $(id -u) -ne 0 ]]; then
     echo "system-deps: not root; skipping ${PACKAGES[*]} (tests that need them will skip)"
     exit 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ferry.errors import NoCheckpointError
 from ferry.storage import Storage, open_storage, strategy_for
 from ferry.storage.atomic import MANIFEST
 
@@ -34,8 +35,12 @@ def split_url(url: str) -> tuple[Storage, str | None]:
     """(root storage, checkpoint folder name) for a checkpoint URL, or (root, None) for a root."""
     storage = open_storage(url)
     if storage.exists(MANIFEST) and _NAME.match(url.rstrip("/").rsplit("/", 1)[-1]):
-        parent, name = url.rstrip("/").rsplit("/", 1)
-        return open_storage(parent), name
+        parent_url, name = url.rstrip("/").rsplit("/", 1)
+        parent = open_storage(parent_url)
+        if not strategy_for(parent).is_committed(parent, name):
+            raise NoCheckpointError(f"{url} was never committed (a save that was interrupted); "
+                                    "load its root to get the newest committed checkpoint")
+        return parent, name
     return storage, None
 
 

@@ -222,9 +222,9 @@ def _safe_np_dtype(name: str) -> np.dtype[Any]:
 
 def manifest_bytes(body: dict[str, Any]) -> bytes:
     """Serialize with a checksum over the canonical body, so a damaged manifest is caught."""
-    canon = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    canon = json.dumps(body, separators=(",", ":"))  # key order kept: state dicts are ordered
     doc = dict(body, checksum=xxhash.xxh3_64_hexdigest(canon.encode()))
-    return json.dumps(doc, sort_keys=True, indent=1).encode()
+    return json.dumps(doc, indent=1).encode()
 
 
 def parse_manifest(data: bytes, where: str) -> dict[str, Any]:
@@ -246,7 +246,7 @@ def parse_manifest(data: bytes, where: str) -> dict[str, Any]:
             f"understands ({FORMAT_VERSION}); upgrade ferry"
         )
     checksum = doc.pop("checksum", None)
-    canon = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    canon = json.dumps(doc, separators=(",", ":"))
     if checksum != xxhash.xxh3_64_hexdigest(canon.encode()):
         raise CorruptCheckpointError(f"{where}: manifest checksum mismatch (damaged file)")
     return doc

@@ -1,27 +1,78 @@
 """Any fsspec filesystem (s3://, memory://, root://, gcs://, ...) as a checkpoint root.
 
-Backends differ in small ways; the per-protocol quirks live in ``Quirks`` rather than in
-branches scattered over the code.
+Backends differ in small ways; the per-protocol quirks live in the ``QUIRKS`` table rather
+than in branches scattered over the code. Where a gap is the same for every backend (one
+filesystem names a missing path ``FileNotFoundError``, another a plain ``OSError`` with the
+server's words), it is handled once, for all of them.
+
+Whole-file reads and writes go through ``open`` rather than ``cat_file``/``pipe_file``:
+every fsspec filesystem implements ``open``, while those two are optional (fsspec-xrootd
+0.5 lacks ``pipe_file`` and its ``cat_file`` needs arguments that fsspec calls without),
+and one path for bytes keeps the bytes-only and durable-close quirks in one place.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from ferry.errors import StorageError
 
+log = logging.getLogger("ferry")
+
+
+def _xrootd_sync(f: Any) -> None:
+    """Ask the XRootD server to fsync the file (kXR_sync) before it is closed.
+
+    fsspec-xrootd's ``close`` does not, and without it "closed" means "in the server's page
+    cache": a server crash could lose data behind an already committed manifest. The
+    ``XRootD.client.File`` handle is not public in fsspec-xrootd; if a later version renames
+    it, saving goes on with a warning rather than failing every checkpoint.
+    """
+    handle = getattr(f, "_myFile", None)
+    if handle is None:
+        log.warning(
+            "ferry: this fsspec-xrootd has no file handle to sync; root:// writes are "
+            "not fsynced before the commit"
+        )
+        return
+    status, _ = handle.sync(timeout=getattr(f, "timeout", 0))
+    if not status.ok:
+        raise OSError(f"sync failed: {status.message.strip()}")
+
 
 @dataclass(frozen=True)
 class Quirks:
+    """What one protocol needs beyond plain fsspec calls. Add a row to ``QUIRKS``, not an ``if``."""
+
     bytes_only_writes: bool = False
     """The backend's file objects reject memoryview and need real ``bytes``."""
     atomic_rename: bool = False
-    """Renaming a folder is atomic on the server (XRootD over a POSIX export)."""
+    """``fs.mv`` of a folder is atomic on the server, so the ``rename`` commit can be used."""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Filesystem options given before the user's (the user's win)."""
+    before_close: Callable[[Any], None] | None = None
+    """Called with a written file object before ``close``, to make its bytes durable."""
 
 
 QUIRKS: dict[str, Quirks] = {
-    "root": Quirks(bytes_only_writes=True, atomic_rename=False),
+    "root": Quirks(
+        # pyxrootd's File.write takes bytes only: "argument 1 must be read-only bytes-like
+        # object, not memoryview".
+        bytes_only_writes=True,
+        # XRootD's mv is the server's rename(2) on its POSIX export (XrdOssSys::Rename): a
+        # folder appears under its final name whole or not at all. This assumes a POSIX
+        # export or a namespace that renames in place (EOS, dCache); a federation whose
+        # redirector spreads one folder over several servers is not such a place.
+        atomic_rename=True,
+        # fsspec-xrootd's listing cache is never told about renames and deletes by other
+        # processes (and not even about all of its own), and answers stale stats from it.
+        options={"use_listings_cache": False},
+        before_close=_xrootd_sync,
+    ),
 }
 
 _WRITE_CHUNK = 32 << 20
@@ -48,6 +99,8 @@ class FsspecWriter:
 
     def close(self) -> None:
         try:
+            if self._quirks.before_close is not None:
+                self._quirks.before_close(self._f)
             self._f.close()
         except Exception as exc:
             raise StorageError(f"cannot finish {self.path}: {exc}") from exc
@@ -86,15 +139,15 @@ class FsspecStorage:
 
         self.url = url.rstrip("/")
         self.protocol = url.split("://", 1)[0]
+        self.quirks = QUIRKS.get(self.protocol, Quirks())
         try:
-            self.fs, self.root = fsspec.core.url_to_fs(self.url, **options)
+            self.fs, self.root = fsspec.core.url_to_fs(self.url, **{**self.quirks.options, **options})
         except (ImportError, ValueError) as exc:
             raise StorageError(
                 f"no fsspec backend for {self.protocol}:// ({exc}); "
                 f"install it, e.g. pip install 'gpuferry[{_EXTRA.get(self.protocol, 's3')}]'"
             ) from exc
         self.root = self.root.rstrip("/")
-        self.quirks = QUIRKS.get(self.protocol, Quirks())
         self.atomic_rename = self.quirks.atomic_rename
 
     def _p(self, rel: str) -> str:
@@ -106,58 +159,73 @@ class FsspecStorage:
     def local_path(self, rel: str) -> str | None:
         return None
 
-    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _missing(self, path: str) -> bool:
+        """Whether ``path`` is absent; asked after a call failed, to name the failure right."""
         try:
-            return fn(*args, **kwargs)
-        except FileNotFoundError:
-            raise
+            return not self.fs.exists(path)
+        except Exception:
+            return False  # the server is unreachable: report the original error
+
+    def _call(
+        self, what: str, rel: str, fn: Callable[..., Any], *args: Any, missing: bool = True, **kwargs: Any
+    ) -> Any:
+        """``fn(path of rel, *args)``. With ``missing``, a missing path raises FileNotFoundError
+        on every backend (the engine relies on it; fsspec-xrootd says OSError); any other
+        failure, and every failure without ``missing``, raises StorageError."""
+        path = self._p(rel)
+        try:
+            return fn(path, *args, **kwargs)
         except Exception as exc:
-            raise StorageError(f"{what} failed on {self.url}: {exc}") from exc
+            if missing and isinstance(exc, FileNotFoundError):
+                raise
+            if missing and self._missing(path):
+                raise FileNotFoundError(path) from exc
+            raise StorageError(f"cannot {what} {self.child_url(rel)}: {exc}") from exc
 
     def listdir(self, rel: str = "") -> list[str]:
         self.fs.invalidate_cache()
         try:
-            entries = self._call("listing", self.fs.ls, self._p(rel), detail=False)
+            entries = self._call("list", rel, self.fs.ls, detail=False)
         except FileNotFoundError:
             return []
         return sorted({str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries})
 
     def exists(self, rel: str) -> bool:
-        return bool(self._call("stat", self.fs.exists, self._p(rel)))
+        return bool(self._call("stat", rel, self.fs.exists))
 
     def size(self, rel: str) -> int:
-        return int(self._call("stat", self.fs.size, self._p(rel)))
+        return int(self._call("stat", rel, self.fs.size))
 
     def makedirs(self, rel: str) -> None:
-        self._call("mkdir", self.fs.makedirs, self._p(rel), exist_ok=True)
+        self._call("create", rel, self.fs.makedirs, exist_ok=True, missing=False)
 
     def open_writer(self, rel: str) -> FsspecWriter:
         return FsspecWriter(self.fs, self._p(rel), self.quirks)
 
     def open_reader(self, rel: str) -> FsspecReader:
-        try:
-            return FsspecReader(self.fs, self._p(rel))
-        except FileNotFoundError:
-            raise
-        except Exception as exc:
-            raise StorageError(f"cannot open {self.child_url(rel)}: {exc}") from exc
+        reader: FsspecReader = self._call("open", rel, lambda path: FsspecReader(self.fs, path))
+        return reader
 
     def read_bytes(self, rel: str) -> bytes:
-        return bytes(self._call("read", self.fs.cat_file, self._p(rel)))
+        def read(path: str) -> bytes:
+            with self.fs.open(path, "rb") as f:
+                return bytes(f.read())
+
+        return bytes(self._call("read", rel, read))
 
     def write_bytes(self, rel: str, data: bytes) -> None:
-        self._call("write", self.fs.pipe_file, self._p(rel), bytes(data))
+        writer = self.open_writer(rel)
+        writer.write(data)
+        writer.close()
 
     def rename(self, src: str, dst: str) -> None:
-        self._call("rename", self.fs.mv, self._p(src), self._p(dst), recursive=True)
+        # Paths, not URLs: fsspec-xrootd hands mv's arguments to the server as they are, and
+        # the server refuses "root://..." ("Renaming relative path ... is disallowed").
+        self._call("rename", src, self.fs.mv, self._p(dst), recursive=True, missing=False)
 
     def remove(self, rel: str) -> None:
-        try:
-            self.fs.rm(self._p(rel), recursive=True)
-        except FileNotFoundError:
-            pass
-        except Exception as exc:
-            raise StorageError(f"cannot remove {self.child_url(rel)}: {exc}") from exc
+        with contextlib.suppress(FileNotFoundError):  # already gone is what was asked
+            self._call("remove", rel, self.fs.rm, recursive=True)
 
 
 _EXTRA = {"s3": "s3", "root": "xrootd"}
