@@ -31,6 +31,7 @@ from ferry.state.loader import Hooks, LoaderTracker, protect_workers, track_load
 from ferry.state.rng import GlobalRNG
 
 log = logging.getLogger("ferry")
+STATUS_SECONDS = 1.0
 
 
 def _size(n: int) -> str:
@@ -69,6 +70,7 @@ class Session(Hooks):
         self._last_step = -1
         self._last_time = time.monotonic()
         self._next_poll = 0.0
+        self._next_status = time.monotonic() + STATUS_SECONDS
         self._requests: list[Request] = []
         self._awaiting: dict[int, list[Request]] = {}
         self.job_id = (
@@ -221,6 +223,9 @@ class Session(Hooks):
         if now >= self._next_poll:
             self._requests.extend(self.inbox.poll())
             self._next_poll = now + self.config.control_poll_seconds
+        if now >= self._next_status:  # a heartbeat for `ferry list` / `ferry status`
+            self.job.update_status("running", step=self.global_step)
+            self._next_status = now + STATUS_SECONDS
         stop = self.signals.stop_signal is not None or any(r.action == "stop" for r in self._requests)
         every = self.config.every_steps
         due = (every is not None and self.global_step % every == 0) or (

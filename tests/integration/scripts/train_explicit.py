@@ -48,6 +48,10 @@ def main() -> None:
     p.add_argument("--request-at", type=int, default=-1, help="ferry.checkpoint(stop=True) here")
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--signal-before-loop", action="store_true", help="SIGUSR1 before step 0")
+    p.add_argument("--signal-twice", action="store_true", help="SIGUSR1 then SIGTERM at --signal-at")
+    p.add_argument("--killpg-at", type=int, default=-1, help="SIGTERM to the process group")
+    p.add_argument("--kill-at", type=int, default=-1, help="SIGKILL self here (a crash)")
+    p.add_argument("--state-mb", type=int, default=0, help="extra tracked state, to make saves slow")
     args = p.parse_args()
 
     random.seed(0)
@@ -72,16 +76,24 @@ def main() -> None:
     objs = {"model": model, "optimizer": opt, "history": history}
     if sched is not None:
         objs["scheduler"] = sched
+    if args.state_mb:
+        objs["ballast"] = {"w": torch.zeros(args.state_mb << 18)}
     ferry.track(loader=loader, **objs)
 
     os.makedirs(args.out, exist_ok=True)
     if args.signal_before_loop and not ferry.resumed:
         os.kill(os.getpid(), signal.SIGUSR1)
-    for epoch in range(args.epochs):
+    for _epoch in range(args.epochs):
         for x, y in loader:
             step = ferry.global_step
             if step == args.signal_at:
                 os.kill(os.getpid(), signal.SIGUSR1)
+                if args.signal_twice:
+                    os.kill(os.getpid(), signal.SIGTERM)
+            if step == args.killpg_at:
+                os.killpg(os.getpgid(0), signal.SIGTERM)
+            if step == args.kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
             if step == args.request_at:
                 ferry.checkpoint(stop=True)
             loss = nn.functional.binary_cross_entropy_with_logits(model(x), y) / args.accum

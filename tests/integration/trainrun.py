@@ -1,0 +1,52 @@
+"""Run training scripts in real subprocesses and compare their results bitwise."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPTS = Path(__file__).parent / "scripts"
+REPO = Path(__file__).parents[2]
+
+
+def env_for(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FERRY_")}
+    env.update(FERRY_HOME=str(home), PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def run(
+    script: str,
+    out: Path,
+    args: list[str],
+    env: dict[str, str],
+    *,
+    timeout: float = 180,
+    new_session: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, str(SCRIPTS / script), "--out", str(out), *args]
+    return subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=timeout, start_new_session=new_session
+    )
+
+
+def outputs(out: Path) -> dict[str, str]:
+    return {name: (out / name).read_text() for name in ("losses.txt", "params.txt")}
+
+
+def assert_same(reference: Path, resumed: Path) -> None:
+    """Every per-step loss and every parameter bit equal; on failure show the first diff."""
+    ref, got = outputs(reference), outputs(resumed)
+    for name in ref:
+        if ref[name] != got[name]:
+            a, b = ref[name].splitlines(), got[name].splitlines()
+            first = next(
+                (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+            )
+            raise AssertionError(
+                f"{name} differs at line {first + 1} ({len(a)} vs {len(b)} lines):\n"
+                f"  reference: {a[first][:120] if first < len(a) else '<end>'}\n"
+                f"  resumed:   {b[first][:120] if first < len(b) else '<end>'}"
+            )
