@@ -8,66 +8,76 @@ Explicit API (zero-code mode needs none of it)::
         for x, y in loader:        # each batch request is a safe point
             ...
     ferry.resumed, ferry.global_step  # read-only view of the session
+
+Names are imported on first use, so ``import ferry`` (and ferry's start-up hook in every
+process of a job) stays cheap and does not import torch by itself.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ferry._version import __version__
-from ferry.config import Config
-from ferry.engine import CheckpointInfo, Loaded, load, save
-from ferry.errors import (
-    ConfigError,
-    CorruptCheckpointError,
-    FerryError,
-    JobError,
-    NoCheckpointError,
-    ProcessCheckpointError,
-    StorageError,
-    UnsafeCheckpointError,
-    UnsupportedStateError,
-)
-from ferry.functions import FunctionCheckpoint
-from ferry.session import Session, checkpoint, close, configure, current, restore, step, track
-from ferry.state.stateful import Stateful
+
+if TYPE_CHECKING:
+    from ferry.config import Config
+    from ferry.engine import CheckpointInfo, Loaded, load, save
+    from ferry.errors import (
+        ConfigError,
+        CorruptCheckpointError,
+        FerryError,
+        JobError,
+        NoCheckpointError,
+        ProcessCheckpointError,
+        StorageError,
+        UnsafeCheckpointError,
+        UnsupportedStateError,
+    )
+    from ferry.functions import FunctionCheckpoint
+    from ferry.session import Session, checkpoint, close, configure, current, restore, step, track
+    from ferry.state.stateful import Stateful
+
+_EXPORTS = {
+    "Config": "ferry.config",
+    "CheckpointInfo": "ferry.engine",
+    "Loaded": "ferry.engine",
+    "load": "ferry.engine",
+    "save": "ferry.engine",
+    "FunctionCheckpoint": "ferry.functions",
+    "Stateful": "ferry.state.stateful",
+    **dict.fromkeys(
+        ["ConfigError", "CorruptCheckpointError", "FerryError", "JobError", "NoCheckpointError",
+         "ProcessCheckpointError", "StorageError", "UnsafeCheckpointError", "UnsupportedStateError"],
+        "ferry.errors",
+    ),
+    **dict.fromkeys(
+        ["Session", "checkpoint", "close", "configure", "current", "restore", "step", "track"],
+        "ferry.session",
+    ),
+}  # fmt: skip
+_LIVE = ("resumed", "global_step", "restored_step")
 
 
 def __getattr__(name: str) -> Any:
-    """Live, read-only views of the current session: ``resumed``, ``global_step``,
-    ``restored_step``."""
-    if name in ("resumed", "global_step", "restored_step"):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    if name in _LIVE:  # live, read-only views of the current session
+        from ferry.session import current
+
         session = current(create=False)
         if session is None:
-            return False if name == "resumed" else (0 if name == "global_step" else None)
+            return {"resumed": False, "global_step": 0, "restored_step": None}[name]
         return getattr(session, name)
     raise AttributeError(f"module 'ferry' has no attribute {name!r}")
 
 
 __all__ = [
-    "CheckpointInfo",
-    "Config",
-    "ConfigError",
-    "CorruptCheckpointError",
-    "FerryError",
-    "FunctionCheckpoint",
-    "JobError",
-    "Loaded",
-    "NoCheckpointError",
-    "ProcessCheckpointError",
-    "Session",
-    "Stateful",
-    "StorageError",
-    "UnsafeCheckpointError",
-    "UnsupportedStateError",
-    "__version__",
-    "checkpoint",
-    "close",
-    "configure",
-    "current",
-    "load",
-    "restore",
-    "save",
-    "step",
-    "track",
-]
+    "CheckpointInfo", "Config", "ConfigError", "CorruptCheckpointError", "FerryError",
+    "FunctionCheckpoint", "JobError", "Loaded", "NoCheckpointError", "ProcessCheckpointError",
+    "Session", "Stateful", "StorageError", "UnsafeCheckpointError", "UnsupportedStateError",
+    "__version__", "checkpoint", "close", "configure", "current", "load", "restore", "save",
+    "step", "track",
+]  # fmt: skip

@@ -14,6 +14,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
@@ -51,7 +52,7 @@ def _default_logging() -> None:
 class Session(Hooks):
     """Everything ferry knows about the training loop of this process."""
 
-    def __init__(self, config: Config | None = None) -> None:
+    def __init__(self, config: Config | None = None, signals: SignalRequests | None = None) -> None:
         self.config = config or Config.from_env()
         _default_logging()
         self.objects: dict[str, Any] = {}
@@ -81,8 +82,15 @@ class Session(Hooks):
             id=self.job_id, pid=os.getpid(), command=sys.argv, checkpoint_dir=self.config.dir
         )
         self.inbox = ControlInbox(self.job)
-        self.signals = SignalRequests(self.config.stop_signals, self.config.checkpoint_signals)
-        self.signals.install()
+        if signals is None:  # zero-code mode hands over the handlers armed at start-up
+            signals = SignalRequests(self.config.stop_signals, self.config.checkpoint_signals)
+            signals.install()
+        self.signals = signals
+        self.discover: Callable[[], dict[str, Any]] | None = None
+        """Zero-code mode: finds the state to save at the restore point and each checkpoint."""
+        self.last_batch_from: LoaderTracker | None = None
+        self._driver_pinned = False
+        self._warned_rngs = False
         self.saver = AsyncSaver(
             self.config.dir,
             keep_last=self.config.keep_last,
@@ -106,6 +114,7 @@ class Session(Hooks):
                 new_loaders.append(tracker)
                 if self.driver is None or name == "loader":
                     self.driver = tracker
+                    self._driver_pinned = name == "loader"
             elif is_stateful(obj) or isinstance(obj, (dict, list)):
                 self.objects[name] = obj
             else:
@@ -167,9 +176,14 @@ class Session(Hooks):
             else:
                 log.warning("ferry: %s is tracked but not in the checkpoint; it starts fresh", name)
 
+    def _discover(self) -> None:
+        if self.discover is not None:
+            self.objects.update(self.discover())
+
     def _apply_all(self) -> None:
         assert self._loaded is not None
         t0 = time.perf_counter()
+        self._discover()
         saved = self._loaded.state["ferry"]
         self._apply_objects(self.objects)
         GlobalRNG().load_state_dict(saved["rng"])
@@ -202,8 +216,17 @@ class Session(Hooks):
             self._safe_point()
 
     def after_batch(self, tracker: LoaderTracker) -> None:
+        self.last_batch_from = tracker
         if tracker is self.driver and not self._step_driven:
             self.global_step += 1
+
+    def note_optimizer_step(self) -> None:
+        """The loader that fed the last batch before an optimizer step is the training loader."""
+        feeding = self.last_batch_from
+        if feeding is not None and feeding is not self.driver and not self._driver_pinned:
+            log.info("ferry: %s feeds training; its batches are the safe points", feeding.name)
+            self.driver = feeding
+            self._driver_pinned = True
 
     def step(self) -> None:
         """Mark the end of a training iteration: counts a step and is a safe point."""
@@ -226,7 +249,7 @@ class Session(Hooks):
         if now >= self._next_status:  # a heartbeat for `ferry list` / `ferry status`
             self.job.update_status("running", step=self.global_step)
             self._next_status = now + STATUS_SECONDS
-        stop = self.signals.stop_signal is not None or any(r.action == "stop" for r in self._requests)
+        stop = self.signals.stop_signal is not None or any(r.action != "checkpoint" for r in self._requests)
         every = self.config.every_steps
         due = (every is not None and self.global_step % every == 0) or (
             self.config.every_seconds is not None and now - self._last_time >= self.config.every_seconds
@@ -242,6 +265,17 @@ class Session(Hooks):
             self._save(requests)
 
     def _tree(self) -> dict[str, Any]:
+        self._discover()
+        if self.discover is not None and not self._warned_rngs:
+            self._warned_rngs = True
+            from ferry.autotrack.discovery import uncaptured_rngs
+
+            for what in uncaptured_rngs():
+                log.warning(
+                    "ferry: warning: the script's global %s is not captured in zero-code mode "
+                    "and a resumed run may differ; ferry.track() it",
+                    what,
+                )
         return {
             "objects": self.objects,
             "ferry": {
@@ -310,7 +344,10 @@ class Session(Hooks):
             self.close()
             raise SystemExit(code) from exc
         code = self.config.exit_code
-        self.job.update_status("checkpointed", step=self.global_step, exit_code=code, url=info.url)
+        restart = next((r.env or {} for r in requests if r.action == "restart"), None)
+        self.job.update_status(
+            "checkpointed", step=self.global_step, exit_code=code, url=info.url, restart=restart
+        )
         self.job.event("stop", step=self.global_step, url=info.url, exit_code=code)
         log.info("ferry: checkpointed at step %d, exiting with %d (resume me)", self.global_step, code)
         self.close()

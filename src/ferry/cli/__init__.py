@@ -36,9 +36,9 @@ def main(verbose: bool) -> None:
 
 
 def _register() -> None:
-    from ferry.cli import inspect
+    from ferry.cli import inspect, process
 
-    for module in (inspect,):
+    for module in (inspect, process):
         for command in module.COMMANDS:
             main.add_command(command)
 

@@ -18,7 +18,10 @@ from typing import Any
 from ferry.errors import JobError
 from ferry.runtime.jobdir import JobDir, read_json, write_json_atomic
 
-ACTIONS = ("checkpoint", "stop")
+ACTIONS = ("checkpoint", "stop", "restart")
+"""checkpoint: save and go on. stop: save and exit with the checkpoint code. restart: save,
+exit, and have the supervisor (``ferry run``) start the worker again in place, with the
+request's ``env`` applied (e.g. another CUDA_VISIBLE_DEVICES)."""
 
 
 @dataclass(frozen=True)
@@ -26,9 +29,10 @@ class Request:
     id: str
     action: str
     created: float
+    env: dict[str, str] | None = None
 
 
-def submit(job: JobDir, action: str) -> str:
+def submit(job: JobDir, action: str, env: dict[str, str] | None = None) -> str:
     """Drop a request; returns its id."""
     if action not in ACTIONS:
         raise JobError(f"unknown control action {action!r}; use one of {', '.join(ACTIONS)}")
@@ -36,7 +40,7 @@ def submit(job: JobDir, action: str) -> str:
     try:
         write_json_atomic(
             os.path.join(job.control, f"req-{rid}.json"),
-            {"id": rid, "action": action, "created": time.time(), "uid": os.getuid()},
+            {"id": rid, "action": action, "created": time.time(), "uid": os.getuid(), "env": env or {}},
         )
     except PermissionError as exc:
         raise JobError(f"cannot write to {job.control}: only the job's own user may control it") from exc
@@ -95,7 +99,8 @@ class ControlInbox:
             if action not in ACTIONS:
                 self.respond(rid, ok=False, error=f"unknown action {action!r}")
                 continue
-            requests.append(Request(rid, str(action), float(doc.get("created", 0))))
+            env = doc.get("env") if isinstance(doc.get("env"), dict) else None
+            requests.append(Request(rid, str(action), float(doc.get("created", 0)), env))
         return sorted(requests, key=lambda r: r.created)
 
     def respond(self, rid: str, *, ok: bool, **fields: Any) -> None:

@@ -9,11 +9,14 @@ at the sampler: their indices are drawn, their samples are never loaded.
 
 from __future__ import annotations
 
+import dis
 import itertools
 import logging
 import random
+import sys
 import weakref
 from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -176,7 +179,7 @@ class LoaderTracker:
         if target is not None and self.relative:
             self.epoch = int(target["epoch"])
         if target is not None and self.epoch < int(target["epoch"]) and self.hooks.fast_forwarding(self):
-            return iter(())  # an epoch the checkpoint already covers: skipped, nothing loaded
+            return _FastForward(self, loader, make, target)
         if target is None or self.epoch != int(target["epoch"]):
             self.epoch_rng = capture_epoch_rng(loader)
             return TrackedIter(self, self._build(loader, 0, make))
@@ -222,6 +225,48 @@ class LoaderTracker:
         return TrackedIter(self, it)
 
 
+def _in_for_loop(frame: FrameType | None) -> bool:
+    """Is ``frame`` (the code asking for a batch) a ``for`` statement, rather than a call
+    to ``next()``? Both idioms must fast-forward, in different ways."""
+    if frame is None:
+        return True
+    code = frame.f_code.co_code
+    return 0 <= frame.f_lasti < len(code) and dis.opname[code[frame.f_lasti]] == "FOR_ITER"
+
+
+class _FastForward:
+    """An epoch the checkpoint already covers, met before the restore point.
+
+    In an epoch loop (``for batch in loader``) it is empty: the epoch is skipped without
+    loading anything, and the script's loop reaches the saved epoch by itself. In a
+    step loop (``next(it)``, re-``iter()`` on StopIteration) an empty epoch would end the
+    loop, so it jumps straight to the saved position instead."""
+
+    def __init__(
+        self,
+        tracker: LoaderTracker,
+        loader: DataLoader[Any],
+        make: Callable[[], Iterator[Any]],
+        target: dict[str, Any],
+    ) -> None:
+        self.tracker, self.loader, self.make, self.target = tracker, loader, make, target
+        self._real: Iterator[Any] | None = None
+
+    def __iter__(self) -> _FastForward:
+        return self
+
+    def __next__(self) -> Any:
+        if self._real is None:
+            if _in_for_loop(sys._getframe(1)):
+                raise StopIteration
+            self.tracker.epoch = int(self.target["epoch"])
+            self._real = self.tracker._resume_epoch(self.loader, self.make, self.target)
+        return next(self._real)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
 class TrackedIter:
     """The iterator a tracked loader hands out: each request for a batch is a safe point."""
 
@@ -253,23 +298,31 @@ class TrackedIter:
 
 _TRACKED: weakref.WeakKeyDictionary[DataLoader[Any], LoaderTracker] = weakref.WeakKeyDictionary()
 _original_iter: Callable[[DataLoader[Any]], Iterator[Any]] | None = None
+auto_track: Callable[[DataLoader[Any]], LoaderTracker | None] | None = None
+"""Zero-code mode sets this: every loader is tracked the first time it is iterated."""
 
 
 def _iter(self: DataLoader[Any]) -> Iterator[Any]:
     assert _original_iter is not None
     tracker = _TRACKED.get(self)
+    if tracker is None and auto_track is not None:
+        tracker = auto_track(self)
     if tracker is None:
         return _original_iter(self)
     original = _original_iter
     return tracker.new_epoch(self, lambda: original(self))
 
 
-def track_loader(name: str, loader: DataLoader[Any], hooks: Hooks) -> LoaderTracker:
-    """Start tracking ``loader``: installs the ``DataLoader.__iter__`` hook on first use."""
+def install_iter_hook() -> None:
     global _original_iter
     if _original_iter is None:
         _original_iter = DataLoader.__iter__
         DataLoader.__iter__ = _iter  # type: ignore[method-assign,assignment]
+
+
+def track_loader(name: str, loader: DataLoader[Any], hooks: Hooks) -> LoaderTracker:
+    """Start tracking ``loader``: installs the ``DataLoader.__iter__`` hook on first use."""
+    install_iter_hook()
     tracker = _TRACKED.get(loader)
     if tracker is None:
         tracker = _TRACKED[loader] = LoaderTracker(name, loader, hooks)
@@ -280,7 +333,7 @@ def untrack_all() -> None:
     """Forget every tracked loader and put ``DataLoader.__iter__`` back."""
     global _original_iter
     _TRACKED.clear()
-    if _original_iter is not None:
+    if _original_iter is not None and auto_track is None:
         DataLoader.__iter__ = _original_iter  # type: ignore[method-assign,assignment]
         _original_iter = None
 

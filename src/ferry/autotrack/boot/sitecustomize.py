@@ -1,0 +1,32 @@
+"""ferry's start-up hook for zero-code mode (see ferry.autotrack). Never shadows another
+sitecustomize: the next one on the path is run as well."""
+
+from __future__ import annotations
+
+
+def _chain() -> None:
+    import importlib.machinery
+    import importlib.util
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or os.getcwd()) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is not None and spec.loader is not None:
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["_ferry_chained_sitecustomize"] = module
+        spec.loader.exec_module(module)
+
+
+def _arm() -> None:
+    import os
+
+    if os.environ.get("FERRY_AUTOTRACK") == "1":
+        from ferry.autotrack.hooks import arm
+
+        arm()
+
+
+_chain()
+_arm()

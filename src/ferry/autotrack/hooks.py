@@ -1,0 +1,92 @@
+"""Zero-code hooks, armed by ferry's sitecustomize when ``FERRY_AUTOTRACK=1``.
+
+Narrow hook points only: ``DataLoader.__iter__`` (each loader is tracked the first time it
+is iterated) and torch's global optimizer step hook (it tells which loader feeds
+training). No builtins are patched, no bound methods replaced.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+from ferry.runtime.signals import SignalRequests
+
+log = logging.getLogger("ferry")
+_early_signals: SignalRequests | None = None
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``callback`` once the module ``name`` has been fully imported."""
+
+    def __init__(self, name: str, callback: Callable[[], None]) -> None:
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        original = spec.loader.exec_module
+        callback = self.callback
+
+        def exec_module(module: ModuleType) -> None:
+            original(module)
+            callback()
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def arm() -> None:
+    """Record stop signals from the very start; install the torch hooks once torch loads."""
+    global _early_signals
+    from ferry.config import Config
+
+    config = Config.from_env()
+    _early_signals = SignalRequests(config.stop_signals, config.checkpoint_signals)
+    _early_signals.install()
+    if "torch" in sys.modules:
+        _install()
+    else:
+        sys.meta_path.insert(0, _AfterImport("torch", _install))
+
+
+def _install() -> None:
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from ferry.state import loader
+
+    loader.auto_track = _auto_track
+    loader.install_iter_hook()
+    register_optimizer_step_post_hook(_after_optimizer_step)
+
+
+def _session() -> Any:
+    from ferry import session as session_module
+    from ferry.autotrack.discovery import discover
+
+    current = session_module.current(create=False)
+    if current is None:
+        current = session_module.Session(signals=_early_signals)
+        current.discover = discover
+        session_module._CURRENT = current
+    return current
+
+
+def _auto_track(dataloader: Any) -> Any:
+    session = _session()
+    name = f"loader{len(session.loaders)}"
+    session.track(**{name: dataloader})
+    return session.loaders[name]
+
+
+def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    _session().note_optimizer_step()

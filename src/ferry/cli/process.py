@@ -1,0 +1,152 @@
+"""``ferry suspend``, ``wake``, ``process-state`` (CUDA driver) and ``dump``, ``restore`` (CRIU).
+
+Process-level checkpoint of a running process the operator names by PID; the script
+does not cooperate. Errors are ``ProcessCheckpointError`` (exit 9) or ``ConfigError``
+(exit 2) and say what is missing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ferry.cli.output import emit_json, human_bytes, json_option, table
+from ferry.process import criu, nvml
+from ferry.process.cuda import CudaProcess, Outcome, check_pid, load_record, require_alive
+from ferry.process.driver import ProcessState
+from ferry.process.uuids import parse_mapping_items
+
+
+def _warn(messages: list[str]) -> None:
+    for m in messages:
+        click.echo(f"ferry: warning: {m}", err=True)
+
+
+def _gpu_text(doc: dict[str, Any]) -> str:
+    name = f" ({doc['name']}, {human_bytes(doc['used_bytes'])})" if doc.get("name") else ""
+    return f"{doc['uuid']}{name}"
+
+
+def _print_outcome(out: Outcome, as_json: bool) -> None:
+    if as_json:
+        emit_json(out.to_dict())
+        return
+    _warn(out.warnings)
+    doc = out.to_dict()
+    done = "suspended" if out.action == "suspend" else "woken"
+    if not out.steps:
+        click.echo(f"pid {out.pid} is already {out.state.value}: nothing to do")
+        return
+    steps = ", ".join(f"{s['step']} {s['seconds']:.3f} s" for s in doc["steps"])
+    click.echo(f"pid {out.pid} {done} in {out.seconds:.3f} s ({steps}); now {out.state.value}")
+    if out.action == "suspend" and doc["gpus"]:
+        click.echo("released " + "; ".join(_gpu_text(g) for g in doc["gpus"]))
+    if out.mapping:
+        click.echo("moved " + ", ".join(f"{k} -> {v}" for k, v in doc["mapping"].items()))
+
+
+@click.command("suspend")
+@click.argument("pid", type=int)
+@click.option(
+    "--timeout",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for the lock (in-flight GPU work to finish); 0: no limit.",
+)
+@json_option
+def suspend_cmd(pid: int, timeout: float, as_json: bool) -> None:
+    """Freeze PID's CUDA state and release its GPU memory (lock, then checkpoint to host memory)."""
+    out = CudaProcess(check_pid(pid)).suspend(timeout=timeout or None)
+    _print_outcome(out, as_json)
+
+
+@click.command("wake")
+@click.argument("pid", type=int)
+@click.option(
+    "--map",
+    "maps",
+    multiple=True,
+    metavar="OLD=NEW",
+    help="Restore onto another GPU: old and new GPU UUIDs (GPU-..., see `nvidia-smi -L`); "
+    "repeat, or comma-separate, to cover every GPU the process used.",
+)
+@json_option
+def wake_cmd(pid: int, maps: tuple[str, ...], as_json: bool) -> None:
+    """Bring PID's GPU memory back (onto other GPUs with --map) and let it continue."""
+    mapping = parse_mapping_items(maps)
+    out = CudaProcess(check_pid(pid)).wake(mapping or None)
+    _print_outcome(out, as_json)
+
+
+@click.command("process-state")
+@click.argument("pid", type=int)
+@json_option
+def process_state_cmd(pid: int, as_json: bool) -> None:
+    """Show PID's CUDA checkpoint state, the GPUs it holds, and ferry's record of its suspend."""
+    require_alive(check_pid(pid))
+    process = CudaProcess(pid)
+    state = process.state
+    doc: dict[str, Any] = {
+        "pid": pid,
+        "state": state.value,
+        "driver_cuda_version": process.driver.info.cuda_version,
+        "can_remap": process.driver.info.can_remap,
+    }
+    doc["restore_thread_id"] = process.restore_thread_id if state != ProcessState.FAILED else None
+    try:
+        doc["gpus"] = [g.to_dict() for g in nvml.process_usage(pid)]
+    except nvml.NvmlUnavailable as exc:
+        doc["gpus"], doc["nvml"] = None, str(exc)
+    record = load_record(pid)
+    doc["suspend_record"] = record.to_dict() if record else None
+    if as_json:
+        emit_json(doc)
+        return
+    click.echo(
+        f"pid {pid}: {state.value} (restore thread {doc['restore_thread_id']}, driver CUDA "
+        f"{process.driver.info.cuda_version_text}, remap {'yes' if doc['can_remap'] else 'no'})"
+    )
+    if doc["gpus"]:
+        click.echo(
+            table(
+                ["gpu", "model", "memory"],
+                [(g["uuid"], g["name"], human_bytes(g["used_bytes"])) for g in doc["gpus"]],
+            )
+        )
+    if record and record.gpus:
+        click.echo("suspended from " + "; ".join(_gpu_text(g.to_dict()) for g in record.gpus))
+
+
+@click.command("dump")
+@click.argument("pid", type=int)
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--leave-running", is_flag=True, help="Keep the process running after the dump.")
+@json_option
+def dump_cmd(pid: int, directory: str, leave_running: bool, as_json: bool) -> None:
+    """Dump PID's whole process tree to DIRECTORY with CRIU (GPU state through its CUDA plugin)."""
+    result = criu.dump(check_pid(pid), directory, leave_running=leave_running)
+    if as_json:
+        emit_json(result.to_dict())
+        return
+    after = "left running" if leave_running else "stopped"
+    click.echo(
+        f"pid {pid} dumped to {result.directory} in {result.seconds:.2f} s "
+        f"({human_bytes(result.bytes)}{', with GPU state' if result.gpu else ''}); {after}"
+    )
+
+
+@click.command("restore")
+@click.argument("directory", type=click.Path(file_okay=False))
+@json_option
+def restore_cmd(directory: str, as_json: bool) -> None:
+    """Restore a process tree that `ferry dump` wrote to DIRECTORY (under its old PID)."""
+    result = criu.restore(directory)
+    if as_json:
+        emit_json(result.to_dict())
+        return
+    click.echo(f"restored pid {result.pid} from {result.directory} in {result.seconds:.2f} s")
+
+
+COMMANDS = [suspend_cmd, wake_cmd, process_state_cmd, dump_cmd, restore_cmd]

@@ -1,0 +1,172 @@
+"""``ferry suspend / wake / process-state / dump / restore``: errors and exit codes, for real.
+
+In-process through click's runner on ``ferry.cli.main``, and as the installed ``ferry``
+script in a subprocess, on real PIDs (a dead one, a live process that uses no GPU).
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ferry.cli import main
+
+A = "GPU-eea0d83f-ebcd-ac27-6b3e-bec2a19724e6"
+B = "GPU-8f4022ba-e0cb-1298-286e-225c953a7feb"
+FERRY = Path(sys.executable).parent / "ferry"
+no_driver_here = pytest.mark.skipif(
+    ctypes.util.find_library("cuda") is not None,
+    reason="asserts the answer of a machine without a GPU driver",
+)
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FERRY_HOME", str(tmp_path / "home"))
+
+
+@pytest.fixture
+def sleeper() -> Iterator[int]:
+    proc = subprocess.Popen(["sleep", "60"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def gone(pid: int) -> str:
+    return f"no process with pid {pid} on this machine (it exited, or lives in another PID namespace)"
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_commands_are_registered_with_json() -> None:
+    code, out, _ = run("--help")
+    assert code == 0
+    for name in ("suspend", "wake", "process-state", "dump", "restore"):
+        assert name in out
+        code, help_text, _ = run(name, "--help")
+        assert code == 0 and "--json" in help_text
+    assert "--map OLD=NEW" in run("wake", "--help")[1]
+
+
+@pytest.mark.parametrize("command", ["suspend", "wake", "process-state"])
+def test_dead_pid_exits_9_with_one_line(command: str, dead_pid: int) -> None:
+    code, out, err = run(command, str(dead_pid))
+    assert (code, out) == (9, "")
+    assert err == f"ferry: error: {gone(dead_pid)}\n"
+
+
+@no_driver_here
+@pytest.mark.parametrize(
+    "args", [["suspend"], ["suspend", "--timeout", "0"], ["wake"], ["process-state"], ["suspend", "--json"]]
+)
+def test_live_non_gpu_process_gets_the_capability_error(args: list[str], sleeper: int) -> None:
+    code, out, err = run(*args, str(sleeper))
+    assert (code, out) == (9, "")
+    assert err.startswith("ferry: error: ") and err.count("\n") == 1
+    assert "libcuda.so.1 could not be loaded" in err or "gpuferry[process]" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["suspend", "0"], "a PID is a positive integer, got 0"),
+        (["suspend", "--", "-4"], "a PID is a positive integer, got -4"),
+        (["wake", "1", "--map", "nonsense"], "expected OLD=NEW"),
+        (["wake", "1", "--map", f"{A}=0"], "'0' is not a GPU UUID"),
+        (["wake", "1", "--map", f"{A}={B}", "--map", f"{B}={B}"], "are both mapped to"),
+        (["wake", "1", "--map", f"MIG-{A[4:]}={B}"], "is a MIG instance"),
+        (["suspend", "1", "--timeout", "-1"], "lock timeout is a number of seconds"),
+        (["restore", "/nonexistent/ferry-dump"], "holds no CRIU dump (no inventory.img)"),
+    ],
+)
+def test_bad_arguments_exit_2_before_anything_runs(args: list[str], says: str) -> None:
+    code, out, err = run(*args)
+    assert (code, out) == (2, "")
+    assert err.startswith("ferry: error: ") and says in err
+
+
+def test_wake_with_a_map_but_no_record_says_how_to_get_one(sleeper: int) -> None:
+    code, _, err = run("wake", str(sleeper), "--map", f"{A}={B}")
+    assert code == 2 and "suspend it with `ferry suspend` (which records them)" in err
+
+
+def test_non_integer_pid_is_a_usage_error() -> None:
+    code, _, err = run("suspend", "abc")
+    assert code == 2 and "'abc' is not a valid integer" in err
+
+
+@no_driver_here
+def test_installed_script_in_a_subprocess(dead_pid: int, tmp_path: Path) -> None:
+    env = {**os.environ, "FERRY_HOME": str(tmp_path)}
+    out = subprocess.run(
+        [str(FERRY), "suspend", "999999"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert (out.returncode, out.stdout) == (9, "")
+    assert out.stderr.strip().splitlines()[-1] == f"ferry: error: {gone(999999)}"
+    out = subprocess.run(
+        [str(FERRY), "process-state", str(os.getpid()), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert out.returncode == 9 and out.stdout == ""
+    assert "Traceback" not in out.stderr
+    assert "libcuda.so.1 could not be loaded" in out.stderr or "gpuferry[process]" in out.stderr
+
+
+def test_dump_reports_what_criu_lacks(sleeper: int, tmp_path: Path) -> None:
+    code, out, err = run("dump", str(sleeper), str(tmp_path / "img"), "--json")
+    if code == 0:  # CRIU works here: the dump is real (test_process_criu covers it)
+        assert json.loads(out)["pid"] == sleeper
+        return
+    assert (code, out) == (9, "")
+    assert any(s in err for s in ("criu is not installed", "`criu check` failed", "need root")), err
+
+
+def test_outcome_is_printed_for_people_and_for_scripts(capsys: pytest.CaptureFixture[str]) -> None:
+    from ferry.cli.process import _print_outcome
+    from ferry.process import GpuUsage, GpuUuid, Outcome, ProcessState
+
+    a, b = GpuUuid.parse(A), GpuUuid.parse(B)
+    out = Outcome(
+        7,
+        "suspend",
+        ProcessState.CHECKPOINTED,
+        [("lock", 0.001), ("checkpoint", 1.5)],
+        gpus=[GpuUsage(a, "NVIDIA L4", 3 << 30)],
+        warnings=["NCCL is loaded"],
+    )
+    _print_outcome(out, as_json=False)
+    text = capsys.readouterr()
+    assert text.out.splitlines() == [
+        "pid 7 suspended in 1.501 s (lock 0.001 s, checkpoint 1.500 s); now checkpointed",
+        f"released {A} (NVIDIA L4, 3.00 GiB)",
+    ]
+    assert text.err == "ferry: warning: NCCL is loaded\n"
+    woke = Outcome(7, "wake", ProcessState.RUNNING, [("restore", 2.0), ("unlock", 0.0)], mapping={a: b})
+    _print_outcome(woke, as_json=True)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["mapping"] == {A: B} and doc["state"] == "running" and doc["seconds"] == 2.0
+    _print_outcome(Outcome(7, "wake", ProcessState.RUNNING), as_json=False)
+    assert capsys.readouterr().out == "pid 7 is already running: nothing to do\n"
