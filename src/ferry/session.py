@@ -242,6 +242,8 @@ class Session(Hooks):
     def _safe_point(self) -> None:
         if self._stopping or self._restore_pending:
             return
+        if self.discover is not None and not self._warned_rngs:
+            self._warn_uncaptured()
         now = time.monotonic()
         if now >= self._next_poll:
             self._requests.extend(self.inbox.poll())
@@ -264,18 +266,19 @@ class Session(Hooks):
         else:
             self._save(requests)
 
+    def _warn_uncaptured(self) -> None:
+        self._warned_rngs = True
+        from ferry.autotrack.discovery import uncaptured_rngs
+
+        for what in uncaptured_rngs():
+            log.warning(
+                "ferry: warning: the script's global %s is not captured in zero-code mode "
+                "and a resumed run may differ; ferry.track() it",
+                what,
+            )
+
     def _tree(self) -> dict[str, Any]:
         self._discover()
-        if self.discover is not None and not self._warned_rngs:
-            self._warned_rngs = True
-            from ferry.autotrack.discovery import uncaptured_rngs
-
-            for what in uncaptured_rngs():
-                log.warning(
-                    "ferry: warning: the script's global %s is not captured in zero-code mode "
-                    "and a resumed run may differ; ferry.track() it",
-                    what,
-                )
         return {
             "objects": self.objects,
             "ferry": {

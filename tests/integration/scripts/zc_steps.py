@@ -13,6 +13,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+RNG = np.random.default_rng(0)
+
 
 def main() -> None:
     p = argparse.ArgumentParser()
@@ -21,6 +23,7 @@ def main() -> None:
     p.add_argument("--compile", action="store_true")
     p.add_argument("--amp", action="store_true")
     p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--numpy-generator", action="store_true", help="noise from a global Generator")
     args = p.parse_args()
     torch.manual_seed(3)
     np.random.seed(3)
@@ -42,7 +45,8 @@ def main() -> None:
         except StopIteration:
             it = iter(loader)
             xb, yb = next(it)
-        xb = xb + 0.01 * torch.from_numpy(np.random.randn(*xb.shape).astype(np.float32))
+        noise = RNG.standard_normal(xb.shape) if args.numpy_generator else np.random.randn(*xb.shape)
+        xb = xb + 0.01 * torch.from_numpy(noise.astype(np.float32))
         loss = nn.functional.mse_loss(model(xb), yb)
         opt.zero_grad()
         if scaler is not None:
