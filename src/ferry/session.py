@@ -23,8 +23,10 @@ from torch.utils.data import DataLoader
 from ferry.config import Config
 from ferry.engine import AsyncSaver, CheckpointInfo, Loaded, apply_state, load
 from ferry.engine.format import is_stateful
+from ferry.engine.ranks import save_ranked
 from ferry.errors import FerryError, NoCheckpointError, UnsupportedStateError
 from ferry.runtime.control import ControlInbox, Request
+from ferry.runtime.distributed import RankGroup, rank_view, replicated
 from ferry.runtime.jobdir import JobDir
 from ferry.runtime.signals import SignalRequests
 from ferry.state.grads import Gradients
@@ -77,7 +79,11 @@ class Session(Hooks):
         self.job_id = (
             self.config.job_id or os.environ.get("FERRY_JOB_ID") or f"{socket.gethostname()}-{os.getpid()}"
         )
+        self.group = RankGroup.detect()
         self.job = JobDir.create(self.job_id, self.config.job_dir)
+        if self.group is not None and self.group.rank > 0:
+            self.job.writer = False
+            log.setLevel(logging.WARNING)  # rank 0 reports for the job
         self.job.write_identity(
             id=self.job_id, pid=os.getpid(), command=sys.argv, checkpoint_dir=self.config.dir
         )
@@ -154,6 +160,7 @@ class Session(Hooks):
             self._loaded = load(self.config.dir)
         except NoCheckpointError:
             return
+        self._loaded.state = rank_view(self._loaded, self.group)
         self.resumed = True
         self.restored_step = self._loaded.step
         self._load_seconds = time.perf_counter() - t0
@@ -256,8 +263,11 @@ class Session(Hooks):
         due = (every is not None and self.global_step % every == 0) or (
             self.config.every_seconds is not None and now - self._last_time >= self.config.every_seconds
         )
-        due = due and self.global_step != self._last_step
-        if not (stop or due or self._requests or self.signals.checkpoint_requested):
+        want = (due and self.global_step != self._last_step) or bool(self._requests)
+        want = want or self.signals.checkpoint_requested
+        if self.group is not None:  # whichever rank was asked, every rank saves this step
+            stop, want = self.group.agree(stop, want)
+        if not (stop or want):
             return
         self.signals.checkpoint_requested = False
         requests, self._requests = self._requests, []
@@ -279,8 +289,9 @@ class Session(Hooks):
 
     def _tree(self) -> dict[str, Any]:
         self._discover()
+        shared = self.group is None or self.group.rank == 0 or not replicated(self.objects)
         return {
-            "objects": self.objects,
+            **({"objects": self.objects} if shared else {}),
             "ferry": {
                 "global_step": self.global_step,
                 "rng": GlobalRNG(),
@@ -298,13 +309,7 @@ class Session(Hooks):
         self.job.update_status("checkpointing", step=self.global_step)
         self._awaiting.setdefault(self.global_step, []).extend(requests)
         try:
-            self.saver.save(
-                self._tree(),
-                step=self.global_step,
-                meta=self._meta(),
-                extra_files=self.extra_files() if self.extra_files else None,
-                blocking=not self.config.async_save,
-            )
+            self._write(blocking=not self.config.async_save)
         except FerryError as exc:
             log.error("ferry: checkpoint failed: %s", exc)
             self.job.event("checkpoint_failed", step=self.global_step, error=str(exc))
@@ -313,10 +318,36 @@ class Session(Hooks):
                     self.inbox.respond(r.id, ok=False, error=str(exc))
             self.job.update_status("running", step=self.global_step)
 
+    def _write(self, blocking: bool) -> CheckpointInfo | None:
+        """Save the tree: in the background when allowed; a multi-rank save is collective and
+        therefore made here, on the training thread, by every rank."""
+        extra = self.extra_files() if self.extra_files else None
+        if self.group is not None:
+            info = save_ranked(
+                self.config.dir,
+                self.group,
+                self._tree(),
+                step=self.global_step,
+                meta=self._meta(),
+                keep_last=self.config.keep_last,
+                keep_every=self.config.keep_every,
+            )
+            self._committed(info)
+            return info
+        handle = self.saver.save(
+            self._tree(), step=self.global_step, meta=self._meta(), extra_files=extra, blocking=blocking
+        )
+        return handle.result() if blocking else None
+
     def _stop(self, requests: list[Request]) -> None:
         self._stopping = True
         signame = self.signals.stop_signal
-        why = "a stop request" if signame is None else f"signal {signame}"
+        if signame is not None:
+            why = f"signal {signame}"
+        elif requests:
+            why = "a stop request"
+        else:
+            why = "a stop asked of another rank"
         log.info("ferry: stopping at step %d on %s: saving a checkpoint first", self.global_step, why)
         self.job.update_status("checkpointing", step=self.global_step)
         try:
@@ -326,13 +357,8 @@ class Session(Hooks):
                 log.warning("ferry: the previous checkpoint had failed: %s", exc)
             self._awaiting.setdefault(self.global_step, []).extend(requests)
             self._last_step = self.global_step
-            info = self.saver.save(
-                self._tree(),
-                step=self.global_step,
-                meta=self._meta(),
-                extra_files=self.extra_files() if self.extra_files else None,
-                blocking=True,
-            ).result()
+            info = self._write(blocking=True)
+            assert info is not None
         except Exception as exc:  # whatever went wrong, the job must say so and exit distinctly
             code = self.config.failure_exit_code
             log.error(

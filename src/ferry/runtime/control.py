@@ -73,6 +73,8 @@ class ControlInbox:
         self.uid = os.getuid()
 
     def poll(self) -> list[Request]:
+        if not self.job.writer:  # rank 0 reads requests; the ranks then agree
+            return []
         requests = []
         try:
             entries = list(os.scandir(self.job.control))

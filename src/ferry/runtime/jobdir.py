@@ -58,6 +58,8 @@ class JobDir:
         self.control = os.path.join(path, "control")
         self._lock_fd: int | None = None
         self._mutex = threading.Lock()
+        self.writer = True
+        """False on ranks other than 0 of a multi-rank job: one rank speaks for the job."""
 
     @classmethod
     def create(cls, job_id: str, path: str | None = None) -> JobDir:
@@ -79,6 +81,8 @@ class JobDir:
 
     # ----------------------------------------------------------------- worker side
     def write_identity(self, **fields: Any) -> None:
+        if not self.writer:
+            return
         doc = {"host": socket.gethostname(), "uid": os.getuid(), "created": time.time(), **fields}
         existing = self.identity() if os.path.exists(self.file("job.json")) else {}
         write_json_atomic(self.file("job.json"), {**existing, **doc})
@@ -104,6 +108,8 @@ class JobDir:
 
     def update_status(self, state: str, **fields: Any) -> dict[str, Any]:
         assert state in STATES, state
+        if not self.writer:
+            return {}
         with self._mutex:
             doc = self.status()
             doc.update(fields, state=state, updated=time.time())
@@ -111,6 +117,8 @@ class JobDir:
             return doc
 
     def record_checkpoint(self, entry: dict[str, Any], keep: int = 50) -> None:
+        if not self.writer:
+            return
         with self._mutex:
             doc = self.status()
             history = [*doc.get("checkpoints", []), entry][-keep:]
@@ -118,6 +126,8 @@ class JobDir:
             write_json_atomic(self.file("status.json"), doc)
 
     def event(self, kind: str, **fields: Any) -> None:
+        if not self.writer:
+            return
         line = json.dumps({"time": time.time(), "event": kind, **fields}, default=str)
         with self._mutex, open(self.file("events.jsonl"), "a") as f:
             f.write(line + "\n")

@@ -143,6 +143,13 @@ def _build_skipping(loader: DataLoader[Any], skip: int, make: Callable[[], Itera
     return it
 
 
+def _length(loader: DataLoader[Any] | None) -> int | None:
+    try:
+        return None if loader is None else len(loader)
+    except TypeError:
+        return None
+
+
 class LoaderTracker:
     """Position of one tracked DataLoader."""
 
@@ -163,7 +170,13 @@ class LoaderTracker:
     def position(self) -> dict[str, Any]:
         loader = self.loader_ref()
         gens = {} if loader is None else {r: g.get_state() for r, g in _generators(loader).items()}
-        return {"epoch": self.epoch, "batches": self.batches, "epoch_rng": self.epoch_rng, "generators": gens}
+        return {
+            "epoch": self.epoch,
+            "batches": self.batches,
+            "length": _length(loader),
+            "epoch_rng": self.epoch_rng,
+            "generators": gens,
+        }
 
     def restore_generators(self, position: dict[str, Any]) -> None:
         loader = self.loader_ref()
@@ -199,7 +212,7 @@ class LoaderTracker:
     ) -> Iterator[Any]:
         self.resume_at = None
         self.relative = False
-        skip = int(target["batches"])
+        skip = len(loader) if target.get("complete") else int(target["batches"])
         stash = capture_epoch_rng(loader)
         self.epoch_rng = target["epoch_rng"]
         if self.epoch_rng is not None:

@@ -23,8 +23,10 @@ def _arm() -> None:
     import os
 
     if os.environ.get("FERRY_AUTOTRACK") == "1":
-        from ferry.autotrack.hooks import arm
-
+        try:
+            from ferry.autotrack.hooks import arm
+        except ImportError:  # a Python of the job's process tree without ferry: leave it be
+            return
         arm()
 
 

@@ -1,0 +1,62 @@
+"""An unmodified DDP training script for torchrun (it never imports ferry): gloo on CPU,
+DistributedSampler with set_epoch, a scheduler stepped per epoch. Each rank logs its
+per-step losses; rank 0 writes the final parameters."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--sleep", type=float, default=0.0)
+    args = p.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(11)
+    x = torch.randn(192, 12)
+    y = (x[:, :3].sum(1) > 0).long()
+    torch.manual_seed(100 + rank)  # per-rank streams (dropout) must be kept per rank
+    sampler = DistributedSampler(TensorDataset(x, y), shuffle=True, seed=5)
+    loader = DataLoader(TensorDataset(x, y), batch_size=8, sampler=sampler)
+    torch.manual_seed(11)
+    model = DistributedDataParallel(
+        nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Dropout(0.2), nn.Linear(24, 2))
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.9)
+    out = os.path.join(args.out, f"rank{rank}")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "log.txt"), "a") as log:
+        for epoch in range(args.epochs):
+            sampler.set_epoch(epoch)
+            for xb, yb in loader:
+                loss = nn.functional.cross_entropy(model(xb), yb)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                step = int(opt.state[next(model.parameters())]["step"])
+                log.write(f"{step} {loss.item().hex()}\n")
+                log.flush()
+                if args.sleep:
+                    time.sleep(args.sleep)
+            sched.step()
+    if rank == 0:
+        with open(os.path.join(args.out, "params.txt"), "w") as f:
+            for name, t in model.state_dict().items():
+                f.write(f"{name} {t.numpy().tobytes().hex()}\n")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
