@@ -85,8 +85,13 @@ class Session(Hooks):
             self.job.writer = False
             log.setLevel(logging.WARNING)  # rank 0 reports for the job
         self.job.write_identity(
-            id=self.job_id, pid=os.getpid(), command=sys.argv, checkpoint_dir=self.config.dir
+            id=self.job_id, pid=os.getpid(), argv=[sys.executable, *sys.argv], checkpoint_dir=self.config.dir
         )
+        if self.job.writer and "FERRY_SUPERVISOR_PID" not in os.environ:  # else `ferry run` holds it
+            try:
+                self.job.acquire_lock()
+            except FerryError as exc:
+                log.warning("ferry: %s", exc)
         self.inbox = ControlInbox(self.job)
         if signals is None:  # zero-code mode hands over the handlers armed at start-up
             signals = SignalRequests(self.config.stop_signals, self.config.checkpoint_signals)
@@ -107,6 +112,8 @@ class Session(Hooks):
             self._find_checkpoint()
         self.job.update_status("running", step=self.global_step, pid=os.getpid())
         atexit.register(self._atexit)
+        self._previous_excepthook = sys.excepthook
+        sys.excepthook = self._excepthook
 
     # ------------------------------------------------------------------ tracking
     def track(self, **objects: Any) -> None:
@@ -427,10 +434,19 @@ class Session(Hooks):
         except FerryError as exc:
             log.error("ferry: the last checkpoint failed: %s", exc)
         self.signals.uninstall()
+        self.job.release_lock()
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self._previous_excepthook
         untrack_all()
         global _CURRENT
         if _CURRENT is self:
             _CURRENT = None
+
+    def _excepthook(self, kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        """An uncaught exception ends the job as failed, not finished."""
+        self.job.update_status("failed", step=self.global_step, error=f"{kind.__name__}: {value}")
+        self.job.event("failed", step=self.global_step, error=f"{kind.__name__}: {value}")
+        self._previous_excepthook(kind, value, tb)
 
     def _atexit(self) -> None:
         if not self._closed:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from servers import S3Server, XRootDServer, s3_server, xrootd_server
 
 __all__ = ["s3_server", "xrootd_server"]

@@ -4,6 +4,7 @@ the uninterrupted plain-python run bit for bit."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -128,3 +129,105 @@ def test_existing_sitecustomize_keeps_working(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["yes", "True"]
+
+
+def _pid_of_rank(script: str, rank: int) -> int | None:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes()
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if script.encode() in cmd and f"RANK={rank}".encode() in env and f"LOCAL_RANK={rank}".encode() in env:
+            return int(entry.name)
+    return None
+
+
+def test_torchrun_two_ranks_signal_one_rank_then_resume_on_two_and_one(tmp_path: Path) -> None:
+    """DDP + DistributedSampler under `ferry run -- torchrun`: SIGUSR1 to rank 1 alone; both
+    ranks save the same step; the resumed run equals the uninterrupted one bit for bit (every
+    rank's losses, the weights). The mid-epoch 2-rank checkpoint is refused on 1 rank; an
+    epoch-boundary one resumes there."""
+    torchrun = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node"]
+    script = str(SCRIPTS / "zc_ddp.py")
+    env = env_for(tmp_path / "home", OMP_NUM_THREADS="1")
+    ref = subprocess.run(
+        [*torchrun, "2", script, "--out", str(tmp_path / "ref")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert ref.returncode == 0, ref.stderr[-3000:]
+
+    cmd = [
+        FERRY,
+        "run",
+        "--dir",
+        str(tmp_path / "ck"),
+        "--job-id",
+        "ddp",
+        "--",
+        *torchrun,
+        "2",
+        script,
+        "--out",
+        str(tmp_path / "run"),
+    ]
+    first = subprocess.Popen(
+        [*cmd, "--sleep", "0.05"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    log = tmp_path / "run" / "rank0" / "log.txt"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and first.poll() is None:
+        if log.exists() and log.read_text().count("\n") >= 10:
+            pid = _pid_of_rank(script, 1)
+            assert pid is not None
+            os.kill(pid, signal.SIGUSR1)
+            break
+        time.sleep(0.02)
+    _, err = first.communicate(timeout=240)
+    assert first.returncode == 85, err[-3000:]
+    (saved,) = [p for p in (tmp_path / "ck").iterdir() if p.name.startswith("step-")]
+    assert sorted(f.name for f in saved.iterdir()) == [
+        "data-0.bin",
+        "manifest.json",
+        "rank-1.bin",
+        "rank-1.json",
+    ]
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert (tmp_path / "run" / "params.txt").read_text() == (tmp_path / "ref" / "params.txt").read_text()
+    for rank in (0, 1):
+        got = training_record_lines(tmp_path / "run" / f"rank{rank}" / "log.txt")
+        assert got == training_record_lines(tmp_path / "ref" / f"rank{rank}" / "log.txt")
+
+    one_rank = [
+        FERRY,
+        "run",
+        "--dir",
+        str(tmp_path / "ck"),
+        "--job-id",
+        "ddp1",
+        "--",
+        *torchrun,
+        "1",
+        script,
+        "--out",
+        str(tmp_path / "one"),
+    ]
+    # the checkpoint left by the finished run is mid-epoch: refused on another number of ranks
+    (tmp_path / "ck2").mkdir()
+    import shutil
+
+    shutil.copytree(saved, tmp_path / "ck2" / saved.name)
+    one_rank[3] = str(tmp_path / "ck2")
+    refused = subprocess.run(one_rank, env=env, capture_output=True, text=True, timeout=240)
+    assert refused.returncode != 0
+    assert "taken mid-epoch by 2 ranks" in refused.stderr
+
+
+def training_record_lines(path: Path) -> dict[str, str]:
+    return {line.split(" ", 1)[0]: line for line in path.read_text().splitlines()}

@@ -6,6 +6,7 @@ error, if it failed), so host memory never holds more than one snapshot.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -14,9 +15,22 @@ from typing import Any
 
 from ferry.engine.catalog import apply_retention
 from ferry.engine.format import flatten
-from ferry.engine.persist import CheckpointInfo, persist
+from ferry.engine.persist import CheckpointInfo, check_step, persist
 from ferry.engine.snapshot import HostBuffer, byte_view, snapshot
+from ferry.errors import UnsupportedStateError
 from ferry.storage import Storage, open_storage
+
+
+def _frozen(meta: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A copy of ``meta`` as it is now (the caller may change it while the save runs); its
+    error, if it is no JSON, comes here rather than from the background thread."""
+    if meta is None:
+        return None
+    try:
+        frozen: dict[str, Any] = json.loads(json.dumps(meta))
+    except (TypeError, ValueError) as exc:
+        raise UnsupportedStateError(f"checkpoint meta must be plain JSON values: {exc}") from exc
+    return frozen
 
 
 class SaveHandle:
@@ -55,6 +69,8 @@ class AsyncSaver:
     def save(self, state: Any, *, step: int, meta: dict[str, Any] | None = None,
              extra_files: dict[str, bytes] | None = None, blocking: bool = False) -> SaveHandle:  # fmt: skip
         """Snapshot ``state`` now, persist it in the background. ``blocking=True`` waits."""
+        check_step(step)
+        meta, extra_files = _frozen(meta), {k: bytes(v) for k, v in (extra_files or {}).items()}
         with self._lock:
             self.wait()  # surfaces the previous save's error, frees the buffer
             t0 = time.perf_counter()

@@ -79,6 +79,8 @@ def flatten(state: Any) -> Flattened:
 
 
 def _enc(v: Any, out: Flattened, path: str) -> Any:
+    if isinstance(v, np.generic) and v.dtype.kind in NUMPY_KINDS:  # np.float64 is a float too
+        return {"__npscalar__": v.dtype.str, "value": _enc(v.item(), out, path)}
     if v is None or isinstance(v, (bool, str)):
         return v
     if isinstance(v, int):
@@ -89,8 +91,6 @@ def _enc(v: Any, out: Flattened, path: str) -> Any:
         return {"__tensor__": _add_tensor(v, out, path)}
     if isinstance(v, np.ndarray):
         return {"__ndarray__": _add_ndarray(v, out, path)}
-    if isinstance(v, np.generic):
-        return {"__npscalar__": v.dtype.str, "value": _enc(v.item(), out, path)}
     if isinstance(v, (bytes, bytearray)):
         return {"__bytes__": base64.b64encode(bytes(v)).decode()}
     if isinstance(v, dict):

@@ -1,26 +1,50 @@
-"""Verify and load a checkpoint: sizes, checksums, manifest; then tensors on any device."""
+"""Verify and load a checkpoint: sizes, checksums, manifest; then tensors on any device.
+
+Loading into live objects (``into``) reads each big tensor's bytes straight into the live
+tensor that will receive it, where dtype, shape and device agree: no second buffer to
+allocate and fault in, no copy afterwards. The checksum still covers every byte; if it
+fails, those live tensors hold part of the damaged data until the fallback checkpoint
+(if any) is loaded over them, and the error says so.
+"""
 
 from __future__ import annotations
 
+import itertools
+import math
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import xxhash
 
-from ferry.engine.format import parse_manifest, torch_dtype, unflatten
-from ferry.engine.snapshot import byte_view
+from ferry.engine.format import (
+    DTYPE_NAMES,
+    _safe_np_dtype,
+    is_stateful,
+    parse_manifest,
+    torch_dtype,
+    unflatten,
+)
+from ferry.engine.snapshot import byte_view, tensor_bytes
 from ferry.errors import CorruptCheckpointError, StorageError
 from ferry.storage import Storage
 from ferry.storage.atomic import MANIFEST
 
 CHUNK = 16 << 20
+DIRECT_MIN = 256 << 10
+"""Tensors below this are read into the load buffer and copied: not worth a read call."""
+
+_hash_pool = ThreadPoolExecutor(1, thread_name_prefix="ferry-verify")
 
 
 @dataclass
 class Loaded:
-    """A checkpoint read back: the decoded state tree, its step, and where it came from."""
+    """A checkpoint read back: the decoded state tree, its step, and where it came from.
+
+    Tensors that were read straight into the live objects given as ``into`` are those
+    live tensors (detached); the others are views of one fresh host buffer."""
 
     state: Any
     step: int
@@ -34,12 +58,85 @@ def read_manifest(storage: Storage, name: str) -> dict[str, Any]:
         data = storage.read_bytes(f"{name}/{MANIFEST}")
     except FileNotFoundError as exc:
         raise CorruptCheckpointError(f"{where}: manifest.json is missing") from exc
-    return parse_manifest(data, where)
+    manifest = parse_manifest(data, where)
+    try:
+        _check_shape(manifest, where)
+        decode_tree(manifest, [None] * len(manifest["tensors"]), where)  # refuse before reading data
+    except CorruptCheckpointError as exc:
+        if where in str(exc):
+            raise
+        raise type(exc)(f"{where}: {exc}") from exc  # say which checkpoint, not only why
+    return manifest
 
 
-def read_file(storage: Storage, name: str, file: str, meta: dict[str, Any],
-              into: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """Read one data file into a host buffer, verifying its size and checksum."""
+def decode_tree(manifest: dict[str, Any], arrays: list[Any], where: str) -> Any:
+    """The state tree of ``manifest``; any malformation is a CorruptCheckpointError."""
+    try:
+        return unflatten(manifest["tree"], arrays)
+    except CorruptCheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise CorruptCheckpointError(
+            f"{where}: malformed manifest tree ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+def _check_shape(manifest: dict[str, Any], where: str) -> None:
+    """The fields loading relies on exist and have the right types (a crafted or damaged
+    manifest gives a CorruptCheckpointError, never a KeyError or a read outside the root)."""
+
+    def bad(why: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(f"{where}: malformed manifest: {why}")
+
+    files, tensors = manifest.get("files"), manifest.get("tensors")
+    if not isinstance(manifest.get("step"), int) or "tree" not in manifest:
+        raise bad("no step or tree")
+    if not isinstance(files, dict) or not isinstance(tensors, list):
+        raise bad("files must be an object and tensors a list")
+    for file, meta in files.items():
+        parts = file.split("/")
+        if file.startswith("/") or "\\" in file or any(p in ("", ".", "..") for p in parts):
+            raise bad(f"file name {file!r} points outside the checkpoint folder")
+        if not isinstance(meta, dict) or not isinstance(meta.get("size"), int) or meta["size"] < 0:
+            raise bad(f"file {file!r} has no valid size")
+    for i, e in enumerate(tensors):
+        if not isinstance(e, dict) or e.get("file") not in files:
+            raise bad(f"tensor {i} names no file of the checkpoint")
+        shape, offset, nbytes = e.get("shape"), e.get("offset"), e.get("nbytes")
+        if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)):
+            raise bad(f"tensor {i} has shape {shape!r}")
+        if not (isinstance(offset, int) and isinstance(nbytes, int) and offset >= 0 and nbytes >= 0):
+            raise bad(f"tensor {i} has offset {offset!r}, nbytes {nbytes!r}")
+        if not isinstance(e.get("dtype"), str):
+            raise bad(f"tensor {i} has dtype {e.get('dtype')!r}")
+        if e.get("kind") == "numpy":
+            itemsize = _safe_np_dtype(e["dtype"]).itemsize
+        elif e.get("kind") == "torch":
+            itemsize = torch_dtype(e["dtype"]).itemsize
+        else:
+            raise bad(f"tensor {i} has kind {e.get('kind')!r}")
+        if nbytes != math.prod(shape) * itemsize or offset % itemsize:
+            raise bad(f"tensor {i}: {nbytes} bytes at offset {offset} do not fit {e['dtype']} {shape}")
+        if offset + nbytes > files[e["file"]]["size"]:
+            raise bad(f"tensor {i} lies outside its file")
+
+
+def _cut(view: memoryview) -> Iterator[memoryview]:
+    for start in range(0, len(view), CHUNK):
+        yield view[start : start + CHUNK]
+
+
+def _stream(
+    storage: Storage,
+    name: str,
+    file: str,
+    meta: dict[str, Any],
+    dests: Iterable[memoryview],
+    live: bool = False,
+) -> None:
+    """Read one data file, in order, into ``dests`` (which cover it exactly), verifying its
+    size and checksum. Hashing a piece overlaps reading the next (both release the GIL),
+    so a destination must not be reused by the piece right after it."""
     where = storage.child_url(f"{name}/{file}")
     size = int(meta["size"])
     try:
@@ -48,53 +145,210 @@ def read_file(storage: Storage, name: str, file: str, meta: dict[str, Any],
         raise CorruptCheckpointError(f"{where} is missing") from exc
     if actual != size:
         raise CorruptCheckpointError(f"{where} is {actual} bytes, manifest says {size} (truncated)")
-    buf = into if into is not None else torch.empty(size, dtype=torch.uint8)
-    view = byte_view(buf) if size else memoryview(b"")
     hasher = xxhash.xxh3_64()
     reader = storage.open_reader(f"{name}/{file}")
+    pending: Future[None] | None = None
+    pos = 0
     try:
-        pos = 0
-        while pos < size:
-            n = reader.readinto(view[pos : min(pos + CHUNK, size)])
-            if n <= 0:
-                raise CorruptCheckpointError(f"{where} ended early at byte {pos}")
-            hasher.update(view[pos : pos + n])
-            pos += n
+        for dest in dests:
+            filled = 0
+            while filled < len(dest):
+                n = reader.readinto(dest[filled:])
+                if n <= 0:
+                    raise CorruptCheckpointError(f"{where} ended early at byte {pos + filled}")
+                filled += n
+            if pending is not None:
+                pending.result()
+            pending = _hash_pool.submit(hasher.update, dest)
+            pos += filled
     except OSError as exc:
         raise StorageError(f"cannot read {where}: {exc}") from exc
     finally:
+        if pending is not None:
+            pending.result()
         reader.close()
+    assert pos == size, "destinations must cover the file"
     if hasher.hexdigest() != meta.get("xxh3_64"):
-        raise CorruptCheckpointError(f"{where}: checksum mismatch (the file was damaged)")
+        note = " (the live tensors it was loading into got part of it)" if live else ""
+        raise CorruptCheckpointError(f"{where}: checksum mismatch (the file was damaged){note}")
+
+
+def read_file(
+    storage: Storage, name: str, file: str, meta: dict[str, Any], into: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Read one data file into one host buffer (``into``, or a new one), verified."""
+    size = int(meta["size"])
+    buf = into if into is not None else torch.empty(size, dtype=torch.uint8)
+    _stream(storage, name, file, meta, _cut(byte_view(buf)[:size] if size else memoryview(b"")))
     return buf
 
 
 def verify(storage: Storage, name: str) -> dict[str, Any]:
-    """Check the manifest and every file; raises CorruptCheckpointError, returns the manifest."""
+    """Check the manifest and every file; raises CorruptCheckpointError, returns the manifest.
+    Reads through two small buffers: verifying costs no memory of the checkpoint's size."""
     manifest = read_manifest(storage, name)
+    bounce = [memoryview(bytearray(CHUNK)), memoryview(bytearray(CHUNK))]
     for file, meta in manifest["files"].items():
-        read_file(storage, name, file, meta)
+        size = int(meta["size"])
+        dests = (bounce[k % 2][: min(CHUNK, size - at)] for k, at in enumerate(range(0, size, CHUNK)))
+        _stream(storage, name, file, meta, dests)
     return manifest
 
 
-def load_one(storage: Storage, name: str, target_device: str | torch.device = "cpu") -> Loaded:
-    manifest = read_manifest(storage, name)
-    buffers = {f: read_file(storage, name, f, m) for f, m in manifest["files"].items()}
-    device = torch.device(target_device)
-    arrays: list[Any] = []
-    for i, e in enumerate(manifest["tensors"]):
-        buf = buffers.get(e["file"])
-        end = int(e["offset"]) + int(e["nbytes"])
-        if buf is None or end > buf.numel() or int(e["offset"]) < 0:
-            raise CorruptCheckpointError(f"{storage.child_url(name)}: tensor {i} lies outside its file")
-        raw = buf[int(e["offset"]) : end]
-        shape = [int(s) for s in e["shape"]]
-        if e["kind"] == "numpy":
-            from ferry.engine.format import _safe_np_dtype
+Owner = tuple[torch.Tensor, int]
+"""The fresh host buffer a tensor was read into, and its offset there."""
 
-            arrays.append(np.frombuffer(raw.numpy().tobytes(), _safe_np_dtype(e["dtype"])).reshape(shape))
+
+def _plan(
+    entries: list[dict[str, Any]], file: str, size: int, targets: dict[int, torch.Tensor]
+) -> tuple[list[memoryview], dict[int, Owner]]:
+    """Where each byte of ``file`` goes: a live tensor (``targets``), a fresh buffer of its
+    own for every other big tensor, one fresh buffer per run of small neighbours; padding
+    to throwaway scratch. Each tensor then owns just its bytes: nothing holds on to one
+    buffer of the checkpoint's size (``torch.save`` of a loaded optimizer would write all
+    of it), and the pages of the live tensors are never allocated twice."""
+    order = sorted(
+        (i for i, e in enumerate(entries) if e["file"] == file), key=lambda i: entries[i]["offset"]
+    )
+    dests: list[memoryview] = []
+    owners: dict[int, Owner] = {}
+    run: list[int] = []
+    pos = 0
+
+    def skip_to(upto: int) -> None:
+        nonlocal pos
+        while pos < upto:  # fresh scratch each time: the previous piece may still be hashed
+            n = min(CHUNK, upto - pos)
+            dests.append(memoryview(bytearray(n)))
+            pos += n
+
+    def take(first: int, end: int, idx: list[int]) -> None:
+        nonlocal pos
+        skip_to(first)
+        buf = torch.empty(end - first, dtype=torch.uint8)
+        for i in idx:
+            owners[i] = (buf, entries[i]["offset"] - first)
+        dests.extend(_cut(byte_view(buf)))
+        pos = end
+
+    def flush() -> None:
+        if run:
+            last = entries[run[-1]]
+            take(entries[run[0]]["offset"], last["offset"] + last["nbytes"], list(run))
+            run.clear()
+
+    for i in order:
+        e = entries[i]
+        if i in targets:
+            flush()
+            skip_to(e["offset"])
+            dests.extend(_cut(tensor_bytes(targets[i])))
+            pos = e["offset"] + e["nbytes"]
+        elif e["nbytes"] >= DIRECT_MIN:
+            flush()
+            take(e["offset"], e["offset"] + e["nbytes"], [i])
+        elif e["nbytes"] == 0:
+            owners[i] = (torch.empty(0, dtype=torch.uint8), 0)
+        else:
+            run.append(i)
+    flush()
+    skip_to(size)
+    return dests, owners
+
+
+def live_targets(tree: Any, into: Any, entries: list[dict[str, Any]]) -> dict[int, torch.Tensor]:
+    """Tensor index -> the live CPU tensor of ``into`` at the same place in the tree that
+    can take the checkpoint's bytes as they are (same dtype, shape; contiguous)."""
+    found: dict[int, torch.Tensor] = {}
+    claimed: set[int] = set()
+
+    def take(index: Any, live: torch.Tensor) -> None:
+        if not isinstance(index, int) or not 0 <= index < len(entries) or index in found:
+            return
+        e = entries[index]
+        fits = (
+            e["kind"] == "torch"
+            and e["nbytes"] >= DIRECT_MIN
+            and DTYPE_NAMES.get(live.dtype) == e["dtype"]
+            and list(live.shape) == e["shape"]
+            and live.device.type == "cpu"
+            and live.is_contiguous()
+            and not live.is_conj()
+            and not live.is_neg()
+        )
+        if fits and live.data_ptr() not in claimed:
+            claimed.add(live.data_ptr())  # tied weights: one read, the other is copied
+            found[index] = live.detach()
+
+    def walk(node: Any, live: Any) -> None:
+        if is_stateful(live):
+            if isinstance(node, dict) and "__stateful__" in node:
+                try:
+                    sd = live.state_dict()
+                except Exception:  # its load_state_dict gets the state as usual
+                    return
+                walk(node.get("state"), sd)
+        elif isinstance(live, torch.Tensor):
+            if isinstance(node, dict) and "__tensor__" in node:
+                take(node["__tensor__"], live)
+        elif isinstance(live, dict) and isinstance(node, dict):
+            if "__dict__" in node:
+                pairs = node["__dict__"] if isinstance(node["__dict__"], list) else []
+                for pair in pairs:
+                    ok = isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], (int, str))
+                    if ok and pair[0] in live:
+                        walk(pair[1], live[pair[0]])
+            elif not any(k.startswith("__") for k in node):
+                for k, v in node.items():
+                    if k in live:
+                        walk(v, live[k])
+        elif isinstance(live, (list, tuple)):
+            items = node.get("__tuple__") if isinstance(node, dict) else node
+            if isinstance(items, list):
+                for n, x in zip(items, live, strict=False):
+                    walk(n, x)
+
+    walk(tree, into)
+    return found
+
+
+def _disjoint(entries: list[dict[str, Any]]) -> bool:
+    """No two tensors share bytes of a file (always so when ferry wrote it)."""
+    ranges = sorted((e["file"], e["offset"], e["offset"] + e["nbytes"]) for e in entries if e["nbytes"])
+    return all(a[0] != b[0] or a[2] <= b[1] for a, b in itertools.pairwise(ranges))
+
+
+def load_one(
+    storage: Storage, name: str, target_device: str | torch.device = "cpu", into: Any = None
+) -> Loaded:
+    """Read, verify and decode one checkpoint; with ``into``, big CPU tensors are read
+    straight into their live counterparts (``target_device`` must then be the CPU)."""
+    manifest = read_manifest(storage, name)
+    where = storage.child_url(name)
+    device = torch.device(target_device)
+    entries: list[dict[str, Any]] = manifest["tensors"]
+    targets: dict[int, torch.Tensor] = {}
+    owners: dict[int, Owner] = {}
+    if _disjoint(entries):
+        if into is not None and device.type == "cpu":
+            targets = live_targets(manifest["tree"], into, entries)
+        for file, meta in manifest["files"].items():
+            dests, placed = _plan(entries, file, int(meta["size"]), targets)
+            _stream(storage, name, file, meta, dests, live=any(entries[i]["file"] == file for i in targets))
+            owners.update(placed)
+    else:  # tensors sharing bytes: never written by ferry, but readable
+        buffers = {f: read_file(storage, name, f, m) for f, m in manifest["files"].items()}
+        owners = {i: (buffers[e["file"]], e["offset"]) for i, e in enumerate(entries)}
+    arrays: list[Any] = []
+    for i, e in enumerate(entries):
+        if i in targets:
+            arrays.append(targets[i])
             continue
-        t = raw.view(torch_dtype(e["dtype"])).reshape(shape)
-        arrays.append(t if device.type == "cpu" else t.to(device, non_blocking=False))
-    state = unflatten(manifest["tree"], arrays)
-    return Loaded(state, int(manifest["step"]), storage.child_url(name), manifest)
+        buf, at = owners[i]
+        raw = buf[at : at + e["nbytes"]]
+        if e["kind"] == "numpy":
+            arrays.append(raw.numpy().view(_safe_np_dtype(e["dtype"])).reshape(e["shape"]))
+            continue
+        t = raw.view(torch_dtype(e["dtype"])).reshape(e["shape"])
+        arrays.append(t if device.type == "cpu" else t.to(device))
+    return Loaded(decode_tree(manifest, arrays, where), int(manifest["step"]), where, manifest)

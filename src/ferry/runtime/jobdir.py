@@ -5,7 +5,7 @@ Layout (documented in docs/jobs.md), mode 0700, owned by the job's user::
     <FERRY_HOME>/jobs/<job-id>/
         job.json       id, pid, host, user, command, checkpoint dir, start time
         status.json    state, step, timestamps, last checkpoints (rewritten atomically)
-        lock           flock'ed by the worker while it runs
+        lock           flock'ed while the job runs: by `ferry run`, or by a worker started without it
         control/       requests (req-*.json) and responses (resp-*.json)
         events.jsonl   one line per event (checkpoint, resume, stop, failure)
 """
@@ -83,9 +83,9 @@ class JobDir:
     def write_identity(self, **fields: Any) -> None:
         if not self.writer:
             return
-        doc = {"host": socket.gethostname(), "uid": os.getuid(), "created": time.time(), **fields}
         existing = self.identity() if os.path.exists(self.file("job.json")) else {}
-        write_json_atomic(self.file("job.json"), {**existing, **doc})
+        doc = {"host": socket.gethostname(), "uid": os.getuid(), "created": time.time(), **existing, **fields}
+        write_json_atomic(self.file("job.json"), doc)
 
     def acquire_lock(self) -> None:
         fd = os.open(self.file("lock"), os.O_RDWR | os.O_CREAT, 0o600)

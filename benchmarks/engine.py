@@ -1,0 +1,255 @@
+"""Checkpoint engine benchmark: ferry against the raw disk and ``torch.save``, as ratios.
+
+The state is a model (big Linear layers) plus its AdamW state, ``--size-mb`` in all. Every
+round measures each contender once, interleaved, so drifts of a shared disk hit them all
+alike; the figures are medians over the rounds. Ratios, with the goals they are held to:
+
+- sync save throughput / raw ``numpy.tofile`` + fsync of the same bytes     (>= 0.9)
+- sync save throughput / ``torch.save`` + fsync                             (>= 1.4)
+- async save blocking time / ``torch.save`` blocking time                  (<= 0.05)
+- load + apply into the live model / raw ``readinto`` of the same bytes,
+  both from a cold page cache (dropped when run as root)                     (>= 0.8)
+- checkpoint size on disk / raw bytes                                      (<= 1.01)
+
+Run: ``python benchmarks/engine.py [--size-mb 1024] [--rounds 5] [--dir D] [--json]``.
+The figure summary is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ferry.engine import AsyncSaver, list_checkpoints, load, save
+from ferry.storage import open_storage
+
+GOALS: dict[str, tuple[str, float]] = {
+    "sync_vs_raw_write": (">=", 0.9),
+    "sync_vs_torch_save": (">=", 1.4),
+    "async_blocking_vs_torch_save": ("<=", 0.05),
+    "load_vs_raw_read": (">=", 0.8),
+    "file_size_vs_raw": ("<=", 1.01),
+}
+
+
+def build_state(size_bytes: int, layers: int = 8) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A float32 MLP and AdamW with its moments filled: params are a third of the bytes."""
+    width = max(16, int(math.sqrt(size_bytes / (3 * 4 * layers))))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(layers)))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return model, opt
+
+
+def state_tensors(model: torch.nn.Module, opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    out = list(model.state_dict().values())
+    for s in opt.state_dict()["state"].values():
+        out.extend(v for v in s.values() if isinstance(v, torch.Tensor))
+    return out
+
+
+WRITES = ("raw_write", "torch_save", "sync_save", "async_blocking")
+
+
+def drop_caches() -> bool:
+    """Flush dirty pages and drop the page cache; False when not allowed (not root)."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError:
+        return False
+    return True
+
+
+def fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def file_bytes(folder: str) -> int:
+    return sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+
+
+def run(size_mb: int, rounds: int, root: str) -> dict[str, Any]:
+    model, opt = build_state(size_mb << 20)
+    state = {"model": model, "opt": opt, "step": 0}
+    tensors = state_tensors(model, opt)
+    raw_nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    raw_buf = torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors]).numpy()
+    raw_path = os.path.join(root, "raw.bin")
+    torch_path = os.path.join(root, "torch.pt")
+    sync_root = os.path.join(root, "sync")
+    async_root = os.path.join(root, "async")
+    saver = AsyncSaver(async_root, keep_last=1)
+
+    def raw_write() -> None:
+        with open(raw_path, "wb") as f:
+            raw_buf.tofile(f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def torch_write() -> None:
+        with open(torch_path, "wb") as f:
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    read_buf = bytearray(raw_nbytes)
+
+    def raw_read() -> None:
+        with open(raw_path, "rb", buffering=0) as f:
+            view, pos = memoryview(read_buf), 0
+            while pos < raw_nbytes:
+                n = f.readinto(view[pos : pos + (64 << 20)])
+                assert n, "raw file ended early"
+                pos += n
+
+    samples: dict[str, list[float]] = {k: [] for k in (*WRITES, "async_total", "raw_read", "load_apply")}
+
+    def async_save(r: int) -> None:
+        t0 = time.perf_counter()
+        handle = saver.save(state, step=r)
+        samples["async_blocking"].append(time.perf_counter() - t0)
+        handle.wait()
+        samples["async_total"].append(time.perf_counter() - t0)
+
+    writes: dict[str, Callable[[int], Any]] = {
+        "raw_write": lambda r: raw_write(),
+        "torch_save": lambda r: torch_write(),
+        "sync_save": lambda r: save(state, sync_root, step=r, keep_last=1),
+        "async_blocking": async_save,  # records its own two figures
+    }
+    reads: dict[str, Callable[[], Any]] = {
+        "raw_read": raw_read,
+        "load_apply": lambda: load(sync_root, into=state),
+    }
+    cold = True
+    # Round 0 is a warm-up, not counted: it creates the files each contender then replaces
+    # (so every round pays for freeing the previous one's blocks, as a training job does)
+    # and allocates the async saver's host buffer once, as a job's first checkpoint does.
+    # Each round rotates the order, so no contender always follows the same neighbour.
+    for r in range(rounds + 1):
+        state["step"] = r
+        for i in range(len(WRITES)):
+            key = WRITES[(i + r) % len(WRITES)]
+            os.sync()
+            dt = timed(functools.partial(writes[key], r))
+            if key != "async_blocking":
+                samples[key].append(dt)
+        for i in range(len(reads)):
+            key = list(reads)[(i + r) % len(reads)]
+            cold = drop_caches() and cold
+            samples[key].append(timed(reads[key]))
+        gc.collect()
+        if r == 0:
+            first_async = samples["async_blocking"][0]
+            for v in samples.values():
+                v.clear()
+
+    newest = list_checkpoints(open_storage(sync_root))[-1]
+    ckpt_bytes = file_bytes(newest.url)
+    saver.close()
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    gb = raw_nbytes / 1e9
+    ratios = {
+        "sync_vs_raw_write": med["raw_write"] / med["sync_save"],
+        "sync_vs_torch_save": med["torch_save"] / med["sync_save"],
+        "async_blocking_vs_torch_save": med["async_blocking"] / med["torch_save"],
+        "load_vs_raw_read": med["raw_read"] / med["load_apply"],
+        "file_size_vs_raw": ckpt_bytes / raw_nbytes,
+    }
+    return {
+        "raw_bytes": raw_nbytes,
+        "checkpoint_bytes": ckpt_bytes,
+        "torch_save_bytes": os.path.getsize(torch_path),
+        "rounds": rounds,
+        "cold_cache": cold,
+        "first_async_save_blocking_s": first_async,
+        "load_average": os.getloadavg(),
+        "median_s": med,
+        "samples_s": samples,
+        "throughput_gbps": {k: gb / v for k, v in med.items() if k != "async_blocking"},
+        "ratios": ratios,
+        "goals_met": {k: _meets(k, v) for k, v in ratios.items()},
+    }
+
+
+def _meets(name: str, value: float) -> bool:
+    op, goal = GOALS[name]
+    return value >= goal if op == ">=" else value <= goal
+
+
+def report(res: dict[str, Any]) -> str:
+    med, gbps = res["median_s"], res["throughput_gbps"]
+    lines = [f"state: {res['raw_bytes'] / 2**20:.0f} MiB of tensors; checkpoint "
+             f"{res['checkpoint_bytes'] / 2**20:.1f} MiB; torch.save file "
+             f"{res['torch_save_bytes'] / 2**20:.1f} MiB; {res['rounds']} rounds, medians"]  # fmt: skip
+    for key in ("raw_write", "torch_save", "sync_save", "async_total", "raw_read", "load_apply"):
+        lines.append(f"  {key:<15} {med[key]:8.3f} s  {gbps[key]:6.2f} GB/s")
+    first = res["first_async_save_blocking_s"]
+    blocked = med["async_blocking"]
+    lines.append(
+        f"  {'async_blocking':<15} {blocked:8.3f} s  (first save, allocating its buffer: {first:.3f} s)"
+    )
+    lines.append(f"  machine load average at the end: {', '.join(f'{x:.2f}' for x in res['load_average'])}")
+    if not res["cold_cache"]:
+        lines.append("  NOTE: page cache could not be dropped (not root): reads were WARM")
+    lines.append("")
+    lines.append("figure                              ratio    goal     met")
+    for name, value in res["ratios"].items():
+        op, goal = GOALS[name]
+        lines.append(f"{name:<34} {value:7.3f}  {op} {goal:<5} "
+                     f"{'yes' if res['goals_met'][name] else 'NO'}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size-mb", type=int, default=1024, help="state size in MiB (default 1024)")
+    p.add_argument("--rounds", type=int, default=5, help="measured rounds, >= 1 (default 5)")
+    p.add_argument("--dir", default=None, help="where to write (default: a new temp folder)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = p.parse_args(argv)
+    if args.rounds < 1 or args.size_mb < 1:
+        p.error("--rounds and --size-mb must be >= 1")
+    root = tempfile.mkdtemp(prefix="ferry-bench-", dir=args.dir)
+    try:
+        res = run(args.size_mb, args.rounds, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if args.json:
+        print(json.dumps(res, indent=2))
+    else:
+        print(report(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
