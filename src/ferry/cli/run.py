@@ -1,0 +1,138 @@
+"""``ferry run``: start a training command under ferry's supervisor (see ferry.launcher)."""
+
+from __future__ import annotations
+
+import click
+
+from ferry.errors import ConfigError
+from ferry.launcher import RunOptions, Supervisor
+
+
+def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq:
+            raise ConfigError(f"--env {pair!r} is not NAME=VALUE")
+        env[key] = value
+    return env
+
+
+@click.command(
+    "run",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    epilog="""\b
+Exit status:
+  0      the command finished
+  85     checkpointed and stopped (a stop signal or request): run the
+         same command again, with the same --dir or --job-id, to resume
+  86     a stop was requested but its checkpoint could not be committed
+  2      usage error: no command, a command that cannot run, a bad option
+  8      the job is already running (its lock is held)
+  other  the command's own failure status (128+N: killed by signal N)
+
+\b
+Examples:
+  ferry run -- python train.py --lr 3e-4
+  ferry run --job-id exp1 --every-seconds 600 --max-failures 3 -- torchrun --nproc-per-node 4 train.py
+
+The job directory layout and the restart rules: docs/jobs.md.""",
+)
+@click.option(
+    "--dir",
+    "checkpoint_dir",
+    metavar="URL",
+    help="Checkpoint root, a path or an fsspec URL (s3://, root://).  [default: ./ferry-checkpoints/JOB_ID]",
+)
+@click.option("--job-id", metavar="ID", help="The job's id; names its job directory.  [default: HOST-PID]")
+@click.option("--every-steps", type=int, metavar="N", help="Also checkpoint every N training steps.")
+@click.option("--every-seconds", type=float, metavar="S", help="Also checkpoint every S seconds.")
+@click.option("--keep-last", type=int, metavar="N", help="Committed checkpoints to keep.  [default: 3]")
+@click.option(
+    "--exit-code",
+    type=int,
+    default=85,
+    show_default=True,
+    help='The "checkpointed, resume me" exit status, of the worker and of ferry run.',
+)
+@click.option(
+    "--grace",
+    type=float,
+    default=30.0,
+    show_default=True,
+    metavar="S",
+    help="After a stop signal, SIGKILL the command if it has not exited within S seconds (0: never).",
+)
+@click.option(
+    "--restarts",
+    type=int,
+    default=0,
+    show_default=True,
+    help="In-place restarts allowed (a `restart` control request, e.g. to change CUDA_VISIBLE_DEVICES).",
+)
+@click.option(
+    "--max-failures",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Restart a crashed command from its last checkpoint up to this many times.",
+)
+@click.option(
+    "--backoff",
+    type=float,
+    default=1.0,
+    show_default=True,
+    metavar="S",
+    help="Wait before the n-th restart after a failure: S * 2**(n-1), at most 60 s.",
+)
+@click.option(
+    "--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="Set a variable for the command."
+)
+@click.option(
+    "--no-autotrack",
+    is_flag=True,
+    help="No zero-code hooks: for scripts that use ferry's explicit API, or none at all.",
+)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def run_cmd(
+    ctx: click.Context,
+    checkpoint_dir: str | None,
+    job_id: str | None,
+    every_steps: int | None,
+    every_seconds: float | None,
+    keep_last: int | None,
+    exit_code: int,
+    grace: float,
+    restarts: int,
+    max_failures: int,
+    backoff: float,
+    env_pairs: tuple[str, ...],
+    no_autotrack: bool,
+    command: tuple[str, ...],
+) -> None:
+    """Run COMMAND as a preemptible job: ferry run [OPTIONS] -- COMMAND [ARGS]...
+
+    The command runs in its own process group. Every signal ferry run receives is
+    forwarded to that whole group; SIGTERM, SIGINT and SIGUSR1 make the training
+    checkpoint at its next safe point and exit 85. SIGUSR2 takes a checkpoint and goes on.
+    Without --no-autotrack, a script in the usual PyTorch idiom needs no change.
+    """
+    options = RunOptions(
+        dir=checkpoint_dir,
+        job_id=job_id,
+        every_steps=every_steps,
+        every_seconds=every_seconds,
+        keep_last=keep_last,
+        exit_code=exit_code,
+        grace_seconds=None if grace == 0 else grace,
+        restarts=restarts,
+        max_failures=max_failures,
+        backoff_seconds=backoff,
+        autotrack=not no_autotrack,
+        env=_env_pairs(env_pairs),
+    )
+    ctx.exit(Supervisor(command, options).run())
+
+
+COMMANDS = [run_cmd]
