@@ -46,6 +46,10 @@ class Config:
     """The job's id. None: FERRY_JOB_ID, else <host>-<pid>."""
     control_poll_seconds: float = 0.2
     """How often safe points look for control requests."""
+    handoff_dir: str | None = None
+    """A host-memory folder (tmpfs) for in-place restarts: a stop for a restart leaves a
+    second copy of its checkpoint there, and the restarted worker loads that copy instead of
+    reading the durable one back from storage. `ferry run` sets it under /dev/shm."""
 
     def __post_init__(self) -> None:
         if self.every_steps is not None and self.every_steps < 1:

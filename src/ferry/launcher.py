@@ -264,6 +264,8 @@ class Supervisor:
             FERRY_STOP_SIGNALS=",".join(o.stop_signals),
             FERRY_AUTOTRACK="1" if o.autotrack else "0",
         )
+        if os.path.isdir("/dev/shm"):  # host memory for the state across an in-place restart
+            env.setdefault("FERRY_HANDOFF_DIR", self._handoff_dir)
         if o.autotrack:
             paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOT_DIR]
             env["PYTHONPATH"] = os.pathsep.join([BOOT_DIR, *paths])
@@ -596,8 +598,13 @@ class Supervisor:
                 return True
             self._wait(left)
 
+    @property
+    def _handoff_dir(self) -> str:
+        return f"/dev/shm/ferry-{os.getuid()}-{self.job_id}"
+
     def _end(self, state: str, code: int, message: str) -> int:
         assert self.job is not None
+        shutil.rmtree(self._handoff_dir, ignore_errors=True)
         fields: dict[str, Any] = {"exit_code": code, "ended": time.time()}
         if state == "failed":
             fields["error"] = message

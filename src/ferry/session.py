@@ -25,6 +25,7 @@ from ferry.engine import AsyncSaver, CheckpointInfo, Loaded, apply_state, load
 from ferry.engine.format import is_stateful
 from ferry.engine.ranks import save_ranked
 from ferry.errors import FerryError, NoCheckpointError, UnsupportedStateError
+from ferry.runtime import handoff
 from ferry.runtime.control import ControlInbox, Request
 from ferry.runtime.distributed import RankGroup, rank_view, replicated
 from ferry.runtime.jobdir import JobDir
@@ -163,10 +164,15 @@ class Session(Hooks):
     # ------------------------------------------------------------------ restore
     def _find_checkpoint(self) -> None:
         t0 = time.perf_counter()
+        handed = None
+        if self.config.handoff_dir and self.group is None:
+            handed = handoff.take(self.config.handoff_dir, self.config.dir)
         try:
-            self._loaded = load(self.config.dir)
+            self._loaded = handed or load(self.config.dir)
         except NoCheckpointError:
             return
+        if handed is not None:
+            log.info("ferry: the state of step %d was handed over in host memory", handed.step)
         self._loaded.state = rank_view(self._loaded, self.group)
         self.resumed = True
         self.restored_step = self._loaded.step
@@ -381,6 +387,8 @@ class Session(Hooks):
             raise SystemExit(code) from exc
         code = self.config.exit_code
         restart = next((r.env or {} for r in requests if r.action == "restart"), None)
+        if restart is not None and self.config.handoff_dir and self.group is None:
+            handoff.leave(self.config.handoff_dir, self._tree(), self.global_step)
         self.job.update_status(
             "checkpointed", step=self.global_step, exit_code=code, url=info.url, restart=restart
         )

@@ -243,6 +243,7 @@ def test_restart_in_place_applies_the_requested_env(tmp_path: Path, reference: P
     assert proc.returncode == 0, err
     assert seen.read_text().split() == ["1", "2"]
     assert "restarting the worker in place (1 of 1) with FERRY_TEST_MARK=2" in err
+    assert "was handed over in host memory" in err  # the restart did not read the disk back
     job = JobDir(str(path))
     (restart,) = [e for e in job.events() if e["event"] == "restart"]
     assert restart["reason"] == "requested" and restart["env"] == {"FERRY_TEST_MARK": "2"}
