@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from ferry.config import Config
-from ferry.engine import AsyncSaver, CheckpointInfo, Loaded, apply_state, load
+from ferry.engine import AsyncSaver, CheckpointInfo, Loaded, apply_state, load, sharded
 from ferry.engine.format import is_stateful
 from ferry.engine.ranks import save_ranked
 from ferry.errors import FerryError, NoCheckpointError, UnsupportedStateError
@@ -30,9 +30,11 @@ from ferry.runtime.control import ControlInbox, Request
 from ferry.runtime.distributed import RankGroup, rank_view, replicated
 from ferry.runtime.jobdir import JobDir
 from ferry.runtime.signals import SignalRequests
+from ferry.schedulers import detect as detect_scheduler
 from ferry.state.grads import Gradients
 from ferry.state.loader import Hooks, LoaderTracker, protect_workers, track_loader, untrack_all
 from ferry.state.rng import GlobalRNG
+from ferry.storage.transfer import Transfer, TransferPolicy
 
 log = logging.getLogger("ferry")
 STATUS_SECONDS = 1.0
@@ -81,6 +83,8 @@ class Session(Hooks):
             self.config.job_id or os.environ.get("FERRY_JOB_ID") or f"{socket.gethostname()}-{os.getpid()}"
         )
         self.group = RankGroup.detect()
+        self.scheduler = detect_scheduler()  # its grace period is checked after each commit
+        self._warned_grace = False
         self.job = JobDir.create(self.job_id, self.config.job_dir)
         if self.group is not None and self.group.rank > 0:
             self.job.writer = False
@@ -109,6 +113,11 @@ class Session(Hooks):
             keep_every=self.config.keep_every,
             on_commit=self._committed,
         )
+        self.transfer: Transfer | None = None  # docs/transfer.md
+        if self.config.remote and self.job.writer:
+            self.transfer = Transfer(self.config.dir, TransferPolicy(remote=self.config.remote))
+            if self.config.resume:
+                self.transfer.fetch_if_missing()
         if self.config.resume:
             self._find_checkpoint()
         self.job.update_status("running", step=self.global_step, pid=os.getpid())
@@ -205,7 +214,11 @@ class Session(Hooks):
         t0 = time.perf_counter()
         self._discover()
         saved = self._loaded.state["ferry"]
-        self._apply_objects(self.objects)
+        shards, objects = sharded.split(self.objects)
+        self._apply_objects(objects)
+        if shards:
+            with_optim = saved.get("sharded_optimizers", {})
+            sharded.load(shards, f"{self._loaded.url}/{sharded.DCP_DIR}", with_optim)
         GlobalRNG().load_state_dict(saved["rng"])
         for name, grads in saved.get("grads", {}).items():
             module = self.objects.get(name)
@@ -273,7 +286,7 @@ class Session(Hooks):
             self._next_status = now + STATUS_SECONDS
         stop = self.signals.stop_signal is not None or any(r.action != "checkpoint" for r in self._requests)
         every = self.config.every_steps
-        due = (every is not None and self.global_step % every == 0) or (
+        due = (every is not None and self.global_step > 0 and self.global_step % every == 0) or (
             self.config.every_seconds is not None and now - self._last_time >= self.config.every_seconds
         )
         want = (due and self.global_step != self._last_step) or bool(self._requests)
@@ -302,13 +315,14 @@ class Session(Hooks):
 
     def _tree(self) -> dict[str, Any]:
         self._discover()
-        shared = self.group is None or self.group.rank == 0 or not replicated(self.objects)
+        _, objects = sharded.split(self.objects)  # sharded models go through DCP, beside the tree
+        shared = self.group is None or self.group.rank == 0 or not replicated(objects)
         return {
-            **({"objects": self.objects} if shared else {}),
+            **({"objects": objects} if shared else {}),
             "ferry": {
                 "global_step": self.global_step,
                 "rng": GlobalRNG(),
-                "grads": {n: Gradients(m) for n, m in self.objects.items() if isinstance(m, nn.Module)},
+                "grads": {n: Gradients(m) for n, m in objects.items() if isinstance(m, nn.Module)},
                 "loaders": {name: t.position() for name, t in self.loaders.items()},
                 "driver": None if self.driver is None else self.driver.name,
             },
@@ -336,14 +350,17 @@ class Session(Hooks):
         therefore made here, on the training thread, by every rank."""
         extra = self.extra_files() if self.extra_files else None
         if self.group is not None:
+            tree = self._tree()  # discovers first, in zero-code mode
+            shards, _ = sharded.split(self.objects)
             info = save_ranked(
                 self.config.dir,
                 self.group,
-                self._tree(),
+                tree,
                 step=self.global_step,
                 meta=self._meta(),
                 keep_last=self.config.keep_last,
                 keep_every=self.config.keep_every,
+                shards=shards,
             )
             self._committed(info)
             return info
@@ -417,6 +434,8 @@ class Session(Hooks):
             "time": time.time(),
         }
         self.job.record_checkpoint(entry)
+        if self.transfer is not None:
+            self.transfer.push(info.url.rstrip("/").rsplit("/", 1)[-1])
         self.job.event("checkpoint", **entry)
         grace = self.config.grace_seconds
         if grace and info.seconds > 0.8 * grace:
@@ -426,6 +445,10 @@ class Session(Hooks):
                 info.seconds,
                 grace,
             )
+        advice = self.scheduler.grace_warning(info.seconds)
+        if advice is not None and not self._warned_grace:
+            self._warned_grace = True
+            log.warning("%s", advice)
         for r in self._awaiting.pop(info.step, []):
             self.inbox.respond(r.id, ok=True, step=info.step, url=info.url, seconds=info.seconds)
         if not self._stopping:
@@ -441,6 +464,8 @@ class Session(Hooks):
             self.saver.close()
         except FerryError as exc:
             log.error("ferry: the last checkpoint failed: %s", exc)
+        if self.transfer is not None:
+            self.transfer.close(self.config.grace_seconds)
         self.signals.uninstall()
         self.job.release_lock()
         if sys.excepthook == self._excepthook:

@@ -231,3 +231,45 @@ def test_torchrun_two_ranks_signal_one_rank_then_resume_on_two_and_one(tmp_path:
 
 def training_record_lines(path: Path) -> dict[str, str]:
     return {line.split(" ", 1)[0]: line for line in path.read_text().splitlines()}
+
+
+def test_fsdp_sharded_state_goes_through_dcp_and_reshards(tmp_path: Path) -> None:
+    """FSDP2 (DTensor parameters) under `ferry run -- torchrun`: the sharded model and its
+    optimizer are saved through torch.distributed.checkpoint inside ferry's checkpoint; a
+    signal to rank 1 alone stops both ranks at one step; the resumed run is bitwise equal;
+    the last (epoch-boundary) checkpoint then resumes on 1 rank, resharded by DCP."""
+    torchrun = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node"]
+    script = str(SCRIPTS / "zc_fsdp.py")
+    env = env_for(tmp_path / "home", OMP_NUM_THREADS="1")
+    ref = subprocess.run([*torchrun, "2", script, "--out", str(tmp_path / "ref")], env=env,
+                         capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    cmd = [FERRY, "run", "--dir", str(tmp_path / "ck"), "--job-id", "fsdp", "--every-steps", "8", "--",
+           *torchrun, "2", script, "--out", str(tmp_path / "run")]  # fmt: skip
+    first = subprocess.Popen([*cmd, "--sleep", "0.05"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    log = tmp_path / "run" / "rank0" / "log.txt"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and first.poll() is None:
+        if log.exists() and log.read_text().count("\n") >= 10:
+            pid = _pid_of_rank(script, 1)
+            assert pid is not None
+            os.kill(pid, signal.SIGUSR1)
+            break
+        time.sleep(0.02)
+    _, err = first.communicate(timeout=240)
+    assert first.returncode == 85, err[-3000:]
+    newest = sorted(p for p in (tmp_path / "ck").iterdir() if p.name.startswith("step-"))[-1]
+    assert {".metadata", "__0_0.distcp", "__1_0.distcp"} <= {f.name for f in (newest / "dcp").iterdir()}
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert (tmp_path / "run" / "params.txt").read_text() == (tmp_path / "ref" / "params.txt").read_text()
+    for rank in (0, 1):
+        got = training_record_lines(tmp_path / "run" / f"rank{rank}" / "log.txt")
+        assert got == training_record_lines(tmp_path / "ref" / f"rank{rank}" / "log.txt")
+    one = [FERRY, "run", "--dir", str(tmp_path / "ck"), "--job-id", "fsdp1", "--", *torchrun, "1", script,
+           "--out", str(tmp_path / "one"), "--epochs", "4"]  # fmt: skip
+    resharded = subprocess.run(one, env=env, capture_output=True, text=True, timeout=240)
+    assert resharded.returncode == 0, resharded.stderr[-3000:]
+    assert "resumed from" in resharded.stderr and "at step 24" in resharded.stderr
+    assert len((tmp_path / "one" / "rank0" / "log.txt").read_text().splitlines()) == 16  # epoch 4, 1 rank

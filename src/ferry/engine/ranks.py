@@ -15,12 +15,14 @@ complete or invisible. Every call here is a collective made on the training thre
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
 import numpy as np
 import xxhash
 
+from ferry.engine import sharded
 from ferry.engine.catalog import apply_retention, split_url
 from ferry.engine.format import _safe_np_dtype as safe_np_dtype
 from ferry.engine.format import flatten, manifest_bytes, torch_dtype, unflatten
@@ -47,6 +49,25 @@ def _write_part(storage: Any, staging: str, rank: int, state: Any) -> tuple[Any,
     return flat, files, size
 
 
+def _write_sharded(
+    storage: Any, staging: str, rank: int, shards: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, bool]]:
+    """DCP writes the sharded models; each rank then checksums the files it wrote."""
+    folder = storage.local_path(f"{staging}/{sharded.DCP_DIR}")
+    if folder is None:
+        raise StorageError(
+            f"sharded (FSDP) state needs a local or shared-filesystem checkpoint directory, "
+            f"not {storage.url}: stage it locally and transfer it"
+        )
+    with_optim = sharded.save(shards, folder)
+    files = {}
+    for name in sharded.written_by(folder, rank):
+        with open(os.path.join(folder, name), "rb") as f:
+            blob = f.read()
+        files[f"{sharded.DCP_DIR}/{name}"] = {"size": len(blob), "xxh3_64": xxhash.xxh3_64_hexdigest(blob)}
+    return files, with_optim
+
+
 def save_ranked(
     url: str,
     group: RankGroup,
@@ -56,8 +77,10 @@ def save_ranked(
     meta: dict[str, Any] | None,
     keep_last: int | None,
     keep_every: int | None,
+    shards: dict[str, Any] | None = None,
 ) -> CheckpointInfo:
-    """Every rank calls this with its own ``state`` (rank 0's includes the shared part)."""
+    """Every rank calls this with its own ``state`` (rank 0's includes the shared part), and
+    the same sharded models in ``shards`` (saved collectively through DCP)."""
     t0 = time.perf_counter()
     storage = open_storage(url)
     strategy = strategy_for(storage)
@@ -75,8 +98,13 @@ def save_ranked(
         raise StorageError(plan["error"])
     mine: dict[str, Any]
     try:
+        dcp_files: dict[str, Any] = {}
+        if shards:
+            dcp_files, with_optim = _write_sharded(storage, plan["staging"], group.rank, shards)
+            state = {**state, "ferry": {**state["ferry"], "sharded_optimizers": with_optim}}
         flat, files, size = _write_part(storage, plan["staging"], group.rank, state)
-        mine = {"files": files, "size": size}
+        files.update(dcp_files)
+        mine = {"files": files, "size": size + sum(int(m["size"]) for m in dcp_files.values())}
     except FerryError as exc:
         mine = {"error": f"rank {group.rank}: {exc}"}
     everyone = group.gather(mine)

@@ -24,7 +24,7 @@ class RankGroup:
 
     @staticmethod
     def detect() -> RankGroup | None:
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        if dist.is_available() and dist.is_initialized():  # one rank too: DCP needs the group
             return RankGroup()
         return None
 

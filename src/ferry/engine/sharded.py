@@ -1,0 +1,85 @@
+"""Sharded state (FSDP2 / DTensor parameters) through ``torch.distributed.checkpoint``.
+
+Each sharded model is saved together with the optimizers that train it, as DCP state
+dicts, into the ``dcp/`` folder of the checkpoint being staged; every rank writes its own
+shards and rank 0 DCP's ``.metadata``. DCP reshards on load, so such a checkpoint can be
+restored on another number of ranks. All calls are collectives on the training thread.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+DCP_DIR = "dcp"
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return type(t).__name__ == "DTensor"
+
+
+def is_sharded(obj: Any) -> bool:
+    return isinstance(obj, nn.Module) and any(_is_dtensor(p) for p in obj.parameters())
+
+
+def split(objects: dict[str, Any]) -> tuple[dict[str, tuple[nn.Module, list[Any]]], dict[str, Any]]:
+    """(sharded models with their optimizers, everything else), by tracked name."""
+    sharded: dict[str, tuple[nn.Module, list[Any]]] = {
+        n: (m, []) for n, m in objects.items() if is_sharded(m)
+    }
+    owned: set[str] = set()
+    for name, obj in objects.items():
+        if isinstance(obj, torch.optim.Optimizer):
+            params = {id(p) for g in obj.param_groups for p in g["params"]}
+            for model, opts in sharded.values():
+                if params <= {id(p) for p in model.parameters()}:
+                    opts.append(obj)
+                    owned.add(name)
+    rest = {n: o for n, o in objects.items() if n not in sharded and n not in owned}
+    return {n: (m, opts) for n, (m, opts) in sharded.items()}, rest
+
+
+def _state(sharded: dict[str, tuple[nn.Module, list[Any]]], with_optim: dict[str, bool]) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    state = {}
+    for name, (model, opts) in sharded.items():
+        model_sd, optim_sd = get_state_dict(model, opts if with_optim.get(name) else [])
+        state[name] = {"model": model_sd, **({"optim": optim_sd} if with_optim.get(name) else {})}
+    return state
+
+
+def save(sharded: dict[str, tuple[nn.Module, list[Any]]], path: str) -> dict[str, bool]:
+    """Save; returns, per model, whether its optimizers were saved. An optimizer that has not
+    stepped yet is left out: DCP would initialize its state with a step of its own, and the
+    run would no longer be the one it was."""
+    import torch.distributed.checkpoint as dcp
+
+    with_optim = {name: bool(opts) and all(o.state for o in opts) for name, (_, opts) in sharded.items()}
+    dcp.save(_state(sharded, with_optim), checkpoint_id=path)  # type: ignore[attr-defined]
+    return with_optim
+
+
+def load(sharded: dict[str, tuple[nn.Module, list[Any]]], path: str, with_optim: dict[str, bool]) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    state = _state(sharded, with_optim)
+    dcp.load(state, checkpoint_id=path)  # type: ignore[attr-defined]
+    for name, (model, opts) in sharded.items():
+        optim = state[name].get("optim")
+        set_state_dict(
+            model,
+            opts if optim is not None else [],
+            model_state_dict=state[name]["model"],
+            optim_state_dict=optim if optim is not None else {},
+        )
+
+
+def written_by(path: str, rank: int) -> list[str]:
+    """The DCP files this rank wrote (its shards; rank 0 also the metadata)."""
+    names = sorted(os.listdir(path)) if os.path.isdir(path) else []
+    return [n for n in names if n.startswith(f"__{rank}_") or (rank == 0 and n == ".metadata")]

@@ -1,0 +1,188 @@
+"""SignalRequests: a real signal only records the request; a handler that was there before
+still runs; uninstall puts it back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
+import pytest
+
+from ferry.runtime.signals import SignalRequests, ignore_in_worker
+
+SIGNUMS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP)
+
+
+@pytest.fixture(autouse=True)
+def restore_handlers() -> Iterator[None]:
+    """Whatever a test does, the process's handlers are as they were afterwards."""
+    saved = {s: signal.getsignal(s) for s in SIGNUMS}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+def requests() -> SignalRequests:
+    return SignalRequests(("SIGUSR1", "SIGTERM"), ("SIGUSR2",))
+
+
+def kill(signum: int) -> None:
+    """Deliver a real signal to this process; Python runs the handler before kill returns
+    to the test's next bytecode (same thread: the main one)."""
+    os.kill(os.getpid(), signum)
+
+
+def test_a_stop_signal_is_recorded_and_nothing_else_happens() -> None:
+    sig = requests()
+    assert sig.install()
+    kill(signal.SIGUSR1)
+    assert sig.stop_signal == signal.SIGUSR1
+    assert not sig.checkpoint_requested
+    assert sig.count == 1
+
+
+def test_a_checkpoint_signal_is_recorded() -> None:
+    sig = requests()
+    sig.install()
+    kill(signal.SIGUSR2)
+    assert sig.checkpoint_requested
+    assert sig.stop_signal is None
+
+
+def test_the_first_stop_signal_is_the_one_remembered() -> None:
+    sig = requests()
+    sig.install()
+    kill(signal.SIGTERM)
+    kill(signal.SIGUSR1)
+    kill(signal.SIGUSR2)
+    assert sig.stop_signal == signal.SIGTERM
+    assert sig.checkpoint_requested
+    assert sig.count == 3
+
+
+def test_only_the_configured_signals_are_handled() -> None:
+    sig = requests()
+    sig.install()
+    assert set(sig.signals) == {signal.SIGUSR1, signal.SIGTERM, signal.SIGUSR2}
+    assert signal.getsignal(signal.SIGHUP) is not sig._handle
+
+
+def test_a_previous_python_handler_still_runs() -> None:
+    seen: list[int] = []
+
+    def mine(signum: int, frame: FrameType | None) -> None:
+        seen.append(signum)
+
+    signal.signal(signal.SIGUSR1, mine)
+    signal.signal(signal.SIGUSR2, mine)
+    sig = requests()
+    sig.install()
+    kill(signal.SIGUSR1)
+    kill(signal.SIGUSR2)
+    assert seen == [signal.SIGUSR1, signal.SIGUSR2]
+    assert sig.stop_signal == signal.SIGUSR1 and sig.checkpoint_requested
+
+
+def test_the_previous_handler_runs_after_the_request_is_recorded() -> None:
+    """A previous handler that raises (as a framework's may) finds the request already taken."""
+    sig = requests()
+
+    class Boom(Exception):
+        pass
+
+    def raising(signum: int, frame: FrameType | None) -> None:
+        assert sig.stop_signal == signum
+        raise Boom
+
+    signal.signal(signal.SIGTERM, raising)
+    sig.install()
+    with pytest.raises(Boom):
+        kill(signal.SIGTERM)
+    assert sig.stop_signal == signal.SIGTERM
+
+
+def test_ignored_and_default_previous_handlers_are_not_called() -> None:
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    sig = requests()
+    sig.install()
+    kill(signal.SIGUSR1)
+    kill(signal.SIGTERM)  # SIG_DFL would end the process: it must not be re-raised
+    assert sig.stop_signal == signal.SIGUSR1 and sig.count == 2
+
+
+def test_uninstall_restores_each_previous_handler() -> None:
+    def mine(signum: int, frame: FrameType | None) -> None:
+        pass
+
+    signal.signal(signal.SIGUSR1, mine)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    sig = requests()
+    sig.install()
+    assert signal.getsignal(signal.SIGUSR1) == sig._handle
+    sig.uninstall()
+    assert signal.getsignal(signal.SIGUSR1) is mine
+    assert signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    sig.uninstall()  # twice is harmless
+    assert signal.getsignal(signal.SIGUSR1) is mine
+
+
+def test_after_uninstall_a_signal_no_longer_records() -> None:
+    seen: list[int] = []
+    signal.signal(signal.SIGUSR2, lambda s, f: seen.append(s))
+    sig = requests()
+    sig.install()
+    sig.uninstall()
+    kill(signal.SIGUSR2)
+    assert seen == [signal.SIGUSR2]
+    assert not sig.checkpoint_requested and sig.count == 0
+
+
+def test_uninstall_leaves_a_handler_installed_later_alone() -> None:
+    sig = requests()
+    sig.install()
+
+    def later(signum: int, frame: FrameType | None) -> None:
+        pass
+
+    signal.signal(signal.SIGUSR1, later)
+    sig.uninstall()
+    assert signal.getsignal(signal.SIGUSR1) is later
+
+
+def test_two_in_a_row_chain_and_unwind() -> None:
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    outer, inner = requests(), requests()
+    outer.install()
+    inner.install()
+    kill(signal.SIGUSR1)
+    assert inner.stop_signal == outer.stop_signal == signal.SIGUSR1
+    inner.uninstall()
+    assert signal.getsignal(signal.SIGUSR1) == outer._handle
+    outer.uninstall()
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+
+
+def test_install_outside_the_main_thread_is_refused_quietly() -> None:
+    sig = requests()
+    result: list[bool] = []
+    before = signal.getsignal(signal.SIGUSR1)
+    t = threading.Thread(target=lambda: result.append(sig.install()))
+    t.start()
+    t.join()
+    assert result == [False]
+    assert signal.getsignal(signal.SIGUSR1) is before
+    sig.uninstall()  # nothing installed, nothing to put back
+    assert signal.getsignal(signal.SIGUSR1) is before
+
+
+def test_a_worker_ignores_the_stop_signals() -> None:
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    ignore_in_worker([signal.SIGUSR1])
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
+    kill(signal.SIGUSR1)  # would end the process with SIG_DFL
