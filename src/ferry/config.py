@@ -46,6 +46,9 @@ class Config:
     """The job's id. None: FERRY_JOB_ID, else <host>-<pid>."""
     control_poll_seconds: float = 0.2
     """How often safe points look for control requests."""
+    remote: str | None = None
+    """Also copy each committed checkpoint to this root (a shared path, s3://, root://) in the
+    background, and fetch the newest from it at start when ``dir`` has none (docs/transfer.md)."""
     handoff_dir: str | None = None
     """A host-memory folder (tmpfs) for in-place restarts: a stop for a restart leaves a
     second copy of its checkpoint there, and the restarted worker loads that copy instead of
@@ -58,6 +61,17 @@ class Config:
             raise ConfigError(f"every_seconds must be > 0, got {self.every_seconds}")
         if self.keep_last < 1:
             raise ConfigError(f"keep_last must be >= 1 (the last good checkpoint), got {self.keep_last}")
+        for name in ("keep_every", "grace_seconds"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"{name} must be > 0 (or unset), got {value}")
+        if self.control_poll_seconds <= 0:
+            raise ConfigError(f"control_poll_seconds must be > 0, got {self.control_poll_seconds}")
+        if not 0 < self.failure_exit_code < 256:
+            raise ConfigError(
+                f"failure_exit_code {self.failure_exit_code} must be 1..255: 0 would read "
+                "as finished, and exit statuses above 255 wrap around"
+            )
         if self.exit_code in (0, self.failure_exit_code) or not 0 < self.exit_code < 256:
             raise ConfigError(
                 f"exit_code {self.exit_code} must be 1..255 and differ from 0 and "
@@ -80,6 +94,12 @@ class Config:
             if raw is None:
                 continue
             values[f.name] = _parse(f.name, str(f.type), raw)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown setting(s) {', '.join(unknown)}; the settings are: {', '.join(sorted(known))}"
+            )
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
@@ -92,6 +112,10 @@ def _parse(name: str, type_: str, raw: str) -> Any:
         if raw == "" and "None" in type_:
             return None
         if type_.startswith("bool"):
+            if raw.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                raise ConfigError(
+                    f"FERRY_{name.upper()}={raw!r} is not a boolean; use 1/0, true/false, yes/no"
+                )
             return raw.lower() in ("1", "true", "yes", "on")
         if type_.startswith("tuple"):
             return tuple(s.strip() for s in raw.split(",") if s.strip())

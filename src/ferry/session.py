@@ -11,8 +11,10 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +40,19 @@ from ferry.storage.transfer import Transfer, TransferPolicy
 
 log = logging.getLogger("ferry")
 STATUS_SECONDS = 1.0
+
+
+def _register_exit(hook: Callable[[], None]) -> None:
+    """Run ``hook`` when the main thread ends, before concurrent.futures stops its thread
+    pools (which atexit would be too late for: a save in flight needs them to commit)."""
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is not None:
+            register(hook)
+            return
+    except RuntimeError:  # interpreter already shutting down
+        pass
+    atexit.register(hook)
 
 
 def _size(n: int) -> str:
@@ -70,7 +85,6 @@ class Session(Hooks):
         self._loaded: Loaded | None = None
         self._restore_pending = False
         self._restored = False
-        self._step_driven = False
         self._stopping = False
         self._closed = False
         self._last_step = -1
@@ -121,7 +135,7 @@ class Session(Hooks):
         if self.config.resume:
             self._find_checkpoint()
         self.job.update_status("running", step=self.global_step, pid=os.getpid())
-        atexit.register(self._atexit)
+        _register_exit(self._atexit)
         self._previous_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
 
@@ -250,7 +264,7 @@ class Session(Hooks):
 
     def after_batch(self, tracker: LoaderTracker) -> None:
         self.last_batch_from = tracker
-        if tracker is self.driver and not self._step_driven:
+        if tracker is self.driver:
             self.global_step += 1
 
     def note_optimizer_step(self) -> None:
@@ -262,9 +276,10 @@ class Session(Hooks):
             self._driver_pinned = True
 
     def step(self) -> None:
-        """Mark the end of a training iteration: counts a step and is a safe point."""
-        self._step_driven = True
-        self.global_step += 1
+        """Mark the end of a training iteration: a safe point. Without a tracked DataLoader it
+        also counts the step (with one, the loader's batches are the steps)."""
+        if self.driver is None:
+            self.global_step += 1
         self._safe_point()
 
     def request(self, action: str = "checkpoint") -> None:
@@ -373,7 +388,7 @@ class Session(Hooks):
         self._stopping = True
         signame = self.signals.stop_signal
         if signame is not None:
-            why = f"signal {signame}"
+            why = signal.Signals(signame).name
         elif requests:
             why = "a stop request"
         else:

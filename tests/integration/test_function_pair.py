@@ -142,13 +142,6 @@ def test_the_comparison_sees_the_global_stream(tmp_path: Path, reference: Path) 
     assert got[18].split()[3] == ref[18].split()[3]  # the private generator still continues
 
 
-@pytest.mark.xfail(
-    reason="bug: Session._atexit runs after concurrent.futures' interpreter-exit hook, so a "
-    "periodic save still in flight at a normal exit dies in persist.write_hashed "
-    "('cannot schedule new futures after interpreter shutdown'): the last checkpoint is lost "
-    "and status.json stays 'running'. Racy, hence not strict.",
-    strict=False,
-)
 def test_a_periodic_save_in_flight_at_exit_commits(tmp_path: Path) -> None:
     home = tmp_path / "home"
     env = env_for(home, FERRY_DIR=str(tmp_path / "ck"), FERRY_EVERY_STEPS="5", FERRY_JOB_ID="pair")

@@ -89,19 +89,6 @@ SHAPES = [
 ]
 KS = ("0", "1", "mid", "last", "end")  # "last": one batch left; "end": none left
 
-BUG_GENERATOR_PRIME = pytest.mark.xfail(
-    strict=True,
-    reason="bug: resuming primes the first remaining batch at iter(); when that pull exhausts a "
-    "RandomSampler with generator=, its extra randperm is drawn before the restore point and then "
-    "undone by restore_generators, so every later epoch is shuffled differently",
-)
-BUG_PERSISTENT_POOL = pytest.mark.xfail(
-    strict=True,
-    reason="bug: with persistent_workers, a resume in epoch > 0 creates the worker pool there, which "
-    "draws _base_seed from the RNG the uninterrupted run used only in epoch 0: the resumed epoch's "
-    "shuffle differs",
-)
-
 
 def resume_cases() -> list[Any]:
     """Every shape in the session's lazy mode; the explicit mode differs only in how the RNG is
@@ -113,11 +100,7 @@ def resume_cases() -> list[Any]:
             if shape.workers and mode == "explicit":
                 continue
             for k in KS if not shape.workers else ("1", "last", "end"):
-                marks = []
-                generator_edge = (k == "last" and not shape.drop_last) or (k == "end" and shape.drop_last)
-                if shape.generator and not shape.workers and generator_edge:
-                    marks.append(BUG_GENERATOR_PRIME)
-                cases.append(pytest.param(shape, mode, k, marks=marks, id=f"{shape}-{mode}-{k}"))
+                cases.append(pytest.param(shape, mode, k, id=f"{shape}-{mode}-{k}"))
     return cases
 
 
@@ -265,8 +248,8 @@ FAST_FORWARD = [
     pytest.param(Shape(False, 0, False, False), id="global-w0-keep"),
     pytest.param(Shape(True, 0, False, True), id="gen-w0-drop"),
     pytest.param(Shape(True, 2, False, False), id="gen-w2-keep"),
-    pytest.param(Shape(False, 2, True, False), id="global-w2-persistent-keep", marks=BUG_PERSISTENT_POOL),
-    pytest.param(Shape(True, 2, True, True), id="gen-w2-persistent-drop", marks=BUG_PERSISTENT_POOL),
+    pytest.param(Shape(False, 2, True, False), id="global-w2-persistent-keep"),
+    pytest.param(Shape(True, 2, True, True), id="gen-w2-persistent-drop"),
 ]
 
 

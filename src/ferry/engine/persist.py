@@ -17,6 +17,7 @@ import xxhash
 
 from ferry._version import __version__
 from ferry.engine.format import FORMAT_NAME, FORMAT_VERSION, Flattened, manifest_bytes
+from ferry.engine.pools import submit
 from ferry.errors import ConfigError, StorageError
 from ferry.storage import Storage, strategy_for
 from ferry.storage.atomic import MANIFEST
@@ -118,7 +119,7 @@ def write_hashed(storage: Storage, rel: str, data: memoryview | Sequence[memoryv
     written = 0
     try:
         for chunk in chunks(data):
-            fut = _hash_pool.submit(hasher.update, chunk)
+            fut = submit(_hash_pool, hasher.update, chunk)
             try:
                 writer.write(chunk)
             finally:

@@ -27,6 +27,7 @@ from ferry.engine.format import (
     torch_dtype,
     unflatten,
 )
+from ferry.engine.pools import submit
 from ferry.engine.snapshot import byte_view, tensor_bytes
 from ferry.errors import CorruptCheckpointError, StorageError
 from ferry.storage import Storage
@@ -159,7 +160,7 @@ def _stream(
                 filled += n
             if pending is not None:
                 pending.result()
-            pending = _hash_pool.submit(hasher.update, dest)
+            pending = submit(_hash_pool, hasher.update, dest)
             pos += filled
     except OSError as exc:
         raise StorageError(f"cannot read {where}: {exc}") from exc

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ferry.engine.format import ALIGN, Flattened, layout, torch_dtype
+from ferry.engine.pools import submit
 
 
 class HostBuffer:
@@ -86,7 +87,7 @@ def _copy_host(jobs: list[tuple[np.ndarray, np.ndarray]]) -> None:
         return
     if _copy_pool is None:
         _copy_pool = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="ferry-snapshot")
-    for fut in [_copy_pool.submit(np.copyto, d, s) for d, s in pieces]:
+    for fut in [submit(_copy_pool, np.copyto, d, s) for d, s in pieces]:
         fut.result()
 
 

@@ -87,9 +87,12 @@ class ControlInbox:
             try:
                 owner = entry.stat().st_uid
                 doc = read_json(entry.path)
-                os.unlink(entry.path)
-            except (OSError, ValueError):
+            except ValueError:
+                doc = None  # garbled: answered below, never re-read
+            except OSError:
                 continue
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
             if owner != self.uid:
                 self.respond(
                     rid,
@@ -97,7 +100,10 @@ class ControlInbox:
                     error=f"refused: request owned by uid {owner}, the job runs as uid {self.uid}",
                 )
                 continue
-            action = doc.get("action") if isinstance(doc, dict) else None
+            if not isinstance(doc, dict):
+                self.respond(rid, ok=False, error="the request is not a JSON object; nothing was done")
+                continue
+            action = doc.get("action")
             if action not in ACTIONS:
                 self.respond(rid, ok=False, error=f"unknown action {action!r}")
                 continue

@@ -79,18 +79,23 @@ def apply_epoch_rng(loader: DataLoader[Any], state: dict[str, Any]) -> None:
 class _SkipIter:
     """The sampler's iterator, started eagerly, with its first ``skip`` items dropped."""
 
-    def __init__(self, sampler: Any, skip: int) -> None:
-        self._sampler, self._skip = sampler, skip
+    def __init__(self, sampler: Any, skip: int, rewind: Callable[[], None] | None = None) -> None:
+        self._sampler, self._skip, self._rewind = sampler, skip, rewind
         self._it: Iterator[Any] | None = None
         self._head: Any = _END
 
     def prime(self) -> None:
-        """Start the sampler now (it draws its seed here, as in the interrupted run)."""
+        """Start the sampler now (it draws its seed here, as in the interrupted run). With
+        nothing to skip, the first batch is pulled to make it draw; after a skip it already
+        has, and pulling more could exhaust it (and make it draw again) too early."""
         if self._it is None:
+            if self._rewind is not None:
+                self._rewind()
             self._it = iter(self._sampler)
             if self._skip:
                 next(itertools.islice(self._it, self._skip - 1, self._skip), None)
-            self._head = next(self._it, _END)
+            else:
+                self._head = next(self._it, _END)
 
     def __iter__(self) -> _SkipIter:
         return self
@@ -108,15 +113,15 @@ class _SkipSampler:
     """Stands in for the loader's index sampler while the resumed epoch's iterator is built.
     One-shot: a persistent-workers iterator keeps it and later epochs iterate normally."""
 
-    def __init__(self, inner: Any, skip: int) -> None:
-        self.inner, self.skip = inner, skip
+    def __init__(self, inner: Any, skip: int, rewind: Callable[[], None] | None = None) -> None:
+        self.inner, self.skip, self.rewind = inner, skip, rewind
         self.started: _SkipIter | None = None
 
     def __iter__(self) -> Iterator[Any]:
         # A multi-worker iterator calls iter() twice while it is built: both get the same
         # skipping iterator. Once that one has started, later epochs iterate normally.
         if self.started is None:
-            self.started = _SkipIter(self.inner, self.skip)
+            self.started = _SkipIter(self.inner, self.skip, self.rewind)
             return self.started
         if self.started._it is None:
             return self.started
@@ -129,10 +134,15 @@ class _SkipSampler:
         return getattr(self.inner, name)
 
 
-def _build_skipping(loader: DataLoader[Any], skip: int, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+def _build_skipping(
+    loader: DataLoader[Any],
+    skip: int,
+    make: Callable[[], Iterator[Any]],
+    rewind: Callable[[], None] | None = None,
+) -> Iterator[Any]:
     attr = "batch_sampler" if loader.batch_sampler is not None else "sampler"
     inner = getattr(loader, attr)
-    wrapper = _SkipSampler(inner, skip)
+    wrapper = _SkipSampler(inner, skip, rewind)
     object.__setattr__(loader, attr, wrapper)  # DataLoader forbids this after init; undone below
     try:
         it = make()
@@ -199,13 +209,18 @@ class LoaderTracker:
         return self._resume_epoch(loader, make, target)
 
     @staticmethod
-    def _build(loader: DataLoader[Any], skip: int, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+    def _build(
+        loader: DataLoader[Any],
+        skip: int,
+        make: Callable[[], Iterator[Any]],
+        rewind: Callable[[], None] | None = None,
+    ) -> Iterator[Any]:
         """Build the epoch's iterator with its sampler started at once, skipping ``skip``
         batches. Starting the sampler in iter() (rather than at the first batch) makes the
         random draws happen in the same order in a fresh and in a resumed epoch."""
         if isinstance(loader.dataset, IterableDataset):
             return make()
-        return _build_skipping(loader, skip, make)
+        return _build_skipping(loader, skip, make, rewind)
 
     def _resume_epoch(
         self, loader: DataLoader[Any], make: Callable[[], Iterator[Any]], target: dict[str, Any]
@@ -229,7 +244,13 @@ class LoaderTracker:
                 for _ in itertools.islice(it, skip):
                     pass
         else:
-            it = self._build(loader, skip, make)
+            # A persistent worker pool is made once, in epoch 0, and draws its base seed there.
+            # Made again here, in a later epoch, it would draw one seed more than the run being
+            # resumed; so the epoch's RNG is put back just before the sampler starts.
+            epoch_rng = self.epoch_rng
+            persistent = loader.persistent_workers and loader.num_workers > 0 and self.epoch > 0
+            rewind = (lambda: apply_epoch_rng(loader, epoch_rng)) if persistent and epoch_rng else None
+            it = self._build(loader, skip, make, rewind)
         self.batches = skip
         if self.restore_pending:
             return TrackedIter(self, it, restore_point=True)

@@ -1,0 +1,242 @@
+"""``ferry list``, ``ferry status`` and ``ferry checkpoint``: see and control running jobs.
+
+JOB is a job id or a PID (the worker's, the session's or the supervisor's). Errors are
+one line with an exit code: 2 for bad input, 8 for a job that cannot be found, reached
+or controlled (docs/cli.md).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from typing import Any
+
+import click
+
+from ferry.cli.output import emit_json, human_bytes, json_option, table
+from ferry.errors import ConfigError, FerryError, JobError
+from ferry.ops.jobs import JobRecord, find_job, list_jobs, process_name, send, wait_answer
+from ferry.process import nvml
+
+EPILOG = """\b
+Exit status:
+  0  done
+  2  bad input: not a job id or PID, a malformed option, a bad device list
+  8  the job cannot be found, reached or controlled: unknown, not running,
+     another user's, already checkpointing, or it failed, refused or did
+     not answer the request in --timeout
+Every exit code: docs/cli.md."""
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _note(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def _pgid(pid: int) -> int:
+    """A worker runs in a process group of its own: its ranks and helpers share its pgid."""
+    try:
+        return os.getpgid(pid)
+    except OSError:  # gone, or in another PID namespace
+        return -1
+
+
+def gpu_processes(job_pids: dict[int, str]) -> tuple[list[dict[str, Any]], str | None]:
+    """Every compute process NVML sees, marked with its ferry job; or the reason there are none."""
+    why = nvml.status()
+    if why is not None:
+        return [], why
+    nv = nvml._nvml()
+    rows = []
+    for gpu in nvml.gpus():
+        handle = nv.nvmlDeviceGetHandleByIndex(gpu.index)
+        try:
+            procs = list(nv.nvmlDeviceGetComputeRunningProcesses(handle))
+        except nv.NVMLError:
+            continue
+        for p in procs:
+            pid = int(p.pid)
+            rows.append(
+                {
+                    "pid": pid,
+                    "name": process_name(pid)[:60],
+                    "gpu_index": gpu.index,
+                    "gpu_uuid": str(gpu.uuid),
+                    "gpu_name": gpu.name,
+                    "memory_bytes": int(p.usedGpuMemory or 0),
+                    "job": job_pids.get(pid) or job_pids.get(_pgid(pid)),
+                }
+            )
+    return rows, None
+
+
+@click.command("list", epilog=EPILOG)
+@click.option("--all", "show_all", is_flag=True, help="Also jobs that ended.")
+@json_option
+def list_cmd(show_all: bool, as_json: bool) -> None:
+    """Ferry jobs, and the GPU processes NVML sees (marking which are ferry jobs)."""
+    records = [r for r in list_jobs() if show_all or r.alive]
+    jobs = [r.summary() for r in records]
+    job_pids = {pid: r.id for r in records if r.alive for pid in r.pids}
+    procs, why = gpu_processes(job_pids)
+    if as_json:
+        emit_json({"jobs": jobs, "gpu_processes": procs, "gpu_unavailable": why})
+        return
+    if jobs:
+        rows = [
+            [
+                j["id"],
+                j["pid"] or "-",
+                j["state"],
+                j["step"] if j["step"] is not None else "-",
+                j["devices"] or ("-" if not j["alive"] else "(all)"),
+                j["last_checkpoint_step"] if j["last_checkpoint_step"] is not None else "-",
+                _age(j["last_checkpoint_age"]),
+                shlex.join(j["command"])[:50],
+            ]
+            for j in jobs
+        ]
+        click.echo(table(["JOB", "PID", "STATE", "STEP", "DEVICES", "CKPT", "AGE", "COMMAND"], rows))
+    else:
+        click.echo("no running ferry jobs" + ("" if show_all else " (--all shows ended ones)"))
+    click.echo("")
+    if why is not None:
+        click.echo(f"GPU processes: not available: {why}")
+    elif procs:
+        rows = [
+            [
+                p["pid"],
+                p["gpu_index"],
+                p["gpu_uuid"],
+                human_bytes(p["memory_bytes"]),
+                p["job"] or "-",
+                p["name"],
+            ]
+            for p in procs
+        ]
+        click.echo(table(["PID", "GPU", "UUID", "MEMORY", "FERRY JOB", "NAME"], rows))
+    else:
+        click.echo("GPU processes: none")
+
+
+@click.command("status", epilog=EPILOG)
+@click.argument("job")
+@json_option
+def status_cmd(job: str, as_json: bool) -> None:
+    """One job in detail: state, step, devices, checkpoint history with save times."""
+    record = find_job(job)
+    doc = {**record.summary(), "status": record.status, "identity": record.identity}
+    history = record.status.get("checkpoints") or []
+    if as_json:
+        emit_json(doc)
+        return
+    s = doc
+    click.echo(f"job {s['id']}: {s['state']} at step {s['step']}  (job directory {s['job_dir']})")
+    click.echo(f"  command      {shlex.join(s['command'])}")
+    click.echo(f"  worker pid   {s['pid']}   supervisor pid {s['supervisor_pid'] or '-'}")
+    click.echo(f"  devices      {s['devices'] or ('-' if not s['alive'] else '(all visible)')}")
+    click.echo(f"  checkpoints  {s['checkpoint_dir']}")
+    if record.status.get("error"):
+        click.echo(f"  error        {record.status['error']}")
+    if history:
+        rows = [
+            [
+                c.get("step"),
+                time.strftime("%H:%M:%S", time.localtime(float(c.get("time", 0)))),
+                human_bytes(float(c.get("bytes", 0))),
+                f"{float(c.get('seconds', 0)):.3f}",
+                f"{float(c.get('blocking_seconds', 0)):.3f}",
+                c.get("url"),
+            ]
+            for c in history
+        ]
+        click.echo(table(["STEP", "TIME", "SIZE", "SAVE S", "BLOCKED S", "URL"], rows))
+        secs = [float(c.get("seconds", 0)) for c in history]
+        click.echo(f"save time: mean {sum(secs) / len(secs):.3f} s, max {max(secs):.3f} s")
+    else:
+        click.echo("no checkpoint yet")
+
+
+def _targets(job: str | None, all_jobs: bool) -> list[JobRecord]:
+    if all_jobs == (job is not None):
+        raise ConfigError("give either JOB or --all")
+    if job is not None:
+        return [find_job(job)]
+    return [r for r in list_jobs() if r.alive and r.uid in (None, os.getuid())]
+
+
+@click.command("checkpoint", epilog=EPILOG)
+@click.argument("job", required=False)
+@click.option("--all", "all_jobs", is_flag=True, help="Every running job of this user (a preStop hook).")
+@click.option("--stop", is_flag=True, help="Then stop the job (exit 85, resume me).")
+@click.option("--wait", is_flag=True, help="Return only when the checkpoint is committed.")
+@click.option(
+    "--timeout",
+    type=float,
+    default=300.0,
+    show_default=True,
+    metavar="S",
+    help="With --wait: give up after S seconds (exit 8).",
+)
+@json_option
+def checkpoint_cmd(
+    job: str | None, all_jobs: bool, stop: bool, wait: bool, timeout: float, as_json: bool
+) -> None:
+    """Ask JOB (an id or a PID) for a checkpoint at its next safe point."""
+    if timeout <= 0:
+        raise ConfigError(f"--timeout must be > 0, got {timeout:g}")
+    records = _targets(job, all_jobs)
+    action = "stop" if stop else "checkpoint"
+    sent: list[tuple[JobRecord, str]] = []
+    errors: list[str] = []
+    for record in records:
+        try:
+            sent.append((record, send(record, action)))
+        except FerryError as exc:
+            if not all_jobs:
+                raise
+            errors.append(str(exc))
+    results = []
+    for record, rid in sent:
+        entry: dict[str, Any] = {"job": record.id, "request": rid}
+        if wait:
+            if not as_json:
+                _note(f"job {record.id}: checkpoint requested; waiting for it to commit ...")
+            try:
+                doc = wait_answer(record, rid, timeout, None if as_json else _note)
+                entry.update(step=doc.get("step"), url=doc.get("url"), seconds=doc.get("seconds"))
+            except JobError as exc:
+                if not all_jobs:
+                    raise
+                errors.append(str(exc))
+                entry["error"] = str(exc)
+        results.append(entry)
+    if as_json:
+        emit_json({"results": results, "errors": errors})
+    else:
+        for e in results:
+            if "url" in e:
+                what = "checkpointed and stopping" if stop else "checkpointed"
+                click.echo(
+                    f"{e['job']}: {what} at step {e['step']} in {float(e['seconds']):.2f} s: {e['url']}"
+                )
+            elif "error" not in e:
+                click.echo(f"{e['job']}: {action} requested (request {e['request']})")
+        for message in errors:
+            click.echo(f"ferry: error: {message}", err=True)
+        if all_jobs and not records:
+            click.echo("no running ferry jobs of this user")
+    if errors:
+        raise click.exceptions.Exit(JobError.exit_code)
+
+
+COMMANDS = [list_cmd, status_cmd, checkpoint_cmd]

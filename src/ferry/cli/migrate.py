@@ -1,0 +1,148 @@
+"""``ferry migrate``, ``ferry export`` and ``ferry resume``: move a job to other devices in
+place, or out of this machine as a bundle, and start it again from a bundle or checkpoint.
+Exit codes: docs/cli.md."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import click
+
+from ferry.cli.jobs import EPILOG
+from ferry.cli.output import emit_json, json_option
+from ferry.errors import ConfigError
+from ferry.launcher import RunOptions, Supervisor
+from ferry.ops import migrate as ops
+from ferry.ops.jobs import find_job
+
+
+def _progress(as_json: bool) -> ops.Progress:
+    def note(message: str) -> None:
+        click.echo(f"ferry: {message}", err=True)
+
+    return (lambda message: None) if as_json else note
+
+
+def _positive(timeout: float) -> float:
+    if timeout <= 0:
+        raise ConfigError(f"--timeout must be > 0, got {timeout:g}")
+    return timeout
+
+
+timeout_option = click.option(
+    "--timeout",
+    type=float,
+    default=300.0,
+    show_default=True,
+    metavar="S",
+    help="Give up after S seconds (exit 8).",
+)
+
+
+@click.command("migrate", epilog=EPILOG)
+@click.argument("job")
+@click.option(
+    "--to",
+    "target",
+    required=True,
+    metavar="DEVICES",
+    help="The target CUDA_VISIBLE_DEVICES: GPU indices or UUIDs, comma-separated.",
+)
+@timeout_option
+@json_option
+def migrate_cmd(job: str, target: str, timeout: float, as_json: bool) -> None:
+    """Move JOB to other GPUs of this machine: checkpoint, restart on DEVICES, resume.
+
+    Returns once the restarted worker reports it resumed at the saved step, and prints the
+    downtime: drain (to the next safe point), save, restart, restore. The job must run
+    under `ferry run --restarts N`.
+    """
+    result = ops.migrate(find_job(job), target, _positive(timeout), _progress(as_json))
+    if as_json:
+        emit_json(result.to_dict())
+        return
+    click.echo(
+        f"job {result.job} moved from {result.source or 'all devices'} to {result.target} at step "
+        f"{result.step}, worker pid {result.pid}; downtime {result.downtime:.2f} s (drain "
+        f"{result.drain:.2f} s, save {result.save:.2f} s, restart {result.restart:.2f} s, restore "
+        f"{result.restore:.2f} s)"
+    )
+
+
+@click.command("export", epilog=EPILOG)
+@click.argument("job")
+@click.argument("dest_url")
+@timeout_option
+@json_option
+def export_cmd(job: str, dest_url: str, timeout: float, as_json: bool) -> None:
+    """Checkpoint and stop JOB, leaving a bundle at DEST_URL that `ferry resume` starts again.
+
+    The bundle is a folder (a path or an fsspec URL): bundle.json (command, working
+    directory, the environment that matters, versions) and checkpoints/<name>/.
+    A job that is not running gets its newest committed checkpoint exported.
+    """
+    bundle = ops.export(find_job(job), dest_url, _positive(timeout), _progress(as_json))
+    if as_json:
+        emit_json(bundle)
+        return
+    click.echo(
+        f"job {bundle['job']} exported at step {bundle['step']} to {bundle['url']}; "
+        f"start it again with: ferry resume {bundle['url']}"
+    )
+
+
+@click.command("resume")
+@click.argument("source")
+@click.option("--gpus", metavar="DEVICES", help="CUDA_VISIBLE_DEVICES for the job (default: the bundle's).")
+@click.option("--job-id", metavar="ID", help="The new job's id.  [default: HOST-PID]")
+@click.option(
+    "--dir",
+    "checkpoint_dir",
+    metavar="URL",
+    help="Checkpoint root of the new job; the checkpoint is copied there. [default: ./ferry-checkpoints/ID]",
+)
+@click.option(
+    "--restarts", type=int, default=0, show_default=True, help="In-place restarts allowed (migrate)."
+)
+@click.option("--grace", type=float, default=30.0, show_default=True, metavar="S", help="As for ferry run.")
+@json_option
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def resume_cmd(
+    ctx: click.Context,
+    source: str,
+    gpus: str | None,
+    job_id: str | None,
+    checkpoint_dir: str | None,
+    restarts: int,
+    grace: float,
+    as_json: bool,
+    command: tuple[str, ...],
+) -> None:
+    """Start a job from a bundle (ferry export) or a checkpoint URL: ferry resume SOURCE [-- COMMAND].
+
+    Runs it under ferry run's supervisor, in the foreground, with the bundle's command,
+    working directory and environment unless given; exit codes as for ferry run.
+    """
+    job_id = job_id or f"{socket.gethostname()}-{os.getpid()}"
+    target = checkpoint_dir or os.path.join("ferry-checkpoints", job_id)
+    target = target if "://" in target else os.path.abspath(target)
+    argv, env, cwd, autotrack = ops.prepare_resume(source, target, list(command), gpus, _progress(as_json))
+    if cwd is not None:
+        os.chdir(cwd)
+    options = RunOptions(
+        dir=target,
+        job_id=job_id,
+        env=env,
+        autotrack=autotrack,
+        restarts=restarts,
+        grace_seconds=None if grace == 0 else grace,
+    )
+    code = Supervisor(argv, options).run()
+    if as_json:
+        emit_json({"job": job_id, "dir": target, "command": argv, "env": env, "exit_code": code})
+    ctx.exit(code)
+
+
+COMMANDS = [migrate_cmd, export_cmd, resume_cmd]

@@ -1,0 +1,47 @@
+"""``ferry report``: a job's life as a self-contained HTML page and a PNG."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from ferry.cli.output import emit_json, json_option
+from ferry.ops import report
+from ferry.ops.jobs import find_job
+
+
+@click.command("report")
+@click.argument("job")
+@click.option(
+    "-o",
+    "--output",
+    metavar="FILE",
+    help="The HTML page; the PNG goes next to it. [default: ferry-report-JOB.html]",
+)
+@json_option
+def report_cmd(job: str, output: str | None, as_json: bool) -> None:
+    """Draw JOB's training steps over wall time, checkpoints, interruptions and migrations."""
+    record = find_job(job)
+    timeline = report.build(record.id, record.dir.events(), record.status)
+    page = output or f"ferry-report-{record.id}.html"
+    image = os.path.splitext(page)[0] + ".png"
+    with open(page, "w") as f:
+        f.write(report.page(timeline, record.status))
+    with open(image, "wb") as f:
+        f.write(report.png(timeline))
+    summary = {
+        "job": record.id,
+        "html": os.path.abspath(page),
+        "png": os.path.abspath(image),
+        "checkpoints": len(timeline.checkpoints),
+        "marks": timeline.marks,
+        "lost_seconds": timeline.lost_seconds,
+    }
+    if as_json:
+        emit_json(summary)
+    else:
+        click.echo(f"job {record.id}: report written to {page} and {image}")
+
+
+COMMANDS = [report_cmd]

@@ -1,0 +1,297 @@
+"""Find ferry jobs by id or PID, tell whether they are alive, and send them control requests.
+
+A job is *alive* when its worker process exists and, under ``ferry run``, its supervisor
+holds the lock. Everything here reads the job directory (docs/jobs.md) and never writes it,
+except for request files in ``control/``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ferry.errors import ConfigError, JobError
+from ferry.runtime.control import submit
+from ferry.runtime.jobdir import JobDir, jobs_root, read_json
+
+BUSY_STATES = ("checkpointing",)
+DONE_STATES = ("checkpointed", "finished", "failed")
+
+
+def pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, belongs to someone else
+        return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def process_env(pid: int) -> dict[str, str] | None:
+    """The environment a process was started with (/proc/PID/environ), or None if unreadable."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    env = {}
+    for item in raw.split(b"\0"):
+        key, eq, value = item.partition(b"=")
+        if eq:
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def process_name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return " ".join(a.decode(errors="replace") for a in f.read().split(b"\0") if a)
+    except OSError:
+        return "?"
+
+
+@dataclass
+class JobRecord:
+    """A snapshot of one job directory, as a controller sees it."""
+
+    id: str
+    dir: JobDir
+    identity: dict[str, Any]
+    status: dict[str, Any]
+
+    @classmethod
+    def load(cls, path: str) -> JobRecord:
+        job = JobDir.open(path)
+        identity = job.identity()
+        return cls(str(identity.get("id") or os.path.basename(path)), job, identity, job.status())
+
+    def refresh(self) -> JobRecord:
+        self.identity, self.status = self.dir.identity(), self.dir.status()
+        return self
+
+    @property
+    def supervised(self) -> bool:
+        return bool(self.identity.get("supervisor_pid"))
+
+    @property
+    def worker_pid(self) -> int | None:
+        pid = self.status.get("worker_pid") or self.identity.get("worker_pid")
+        pid = pid or self.status.get("pid") or self.identity.get("pid")
+        return int(pid) if pid else None
+
+    @property
+    def session_pid(self) -> int | None:
+        """The process that runs the ferry session (the worker, or rank 0 under torchrun)."""
+        pid = self.status.get("pid") or self.identity.get("pid")
+        return int(pid) if pid else None
+
+    @property
+    def pids(self) -> set[int]:
+        keys = ("pid", "worker_pid", "supervisor_pid")
+        out = {self.identity.get(k) for k in keys} | {self.status.get(k) for k in keys}
+        return {int(p) for p in out if p}
+
+    @property
+    def uid(self) -> int | None:
+        uid = self.identity.get("uid")
+        return int(uid) if uid is not None else None
+
+    @property
+    def alive(self) -> bool:
+        if self.supervised:  # the supervisor holds the lock for the job's whole life
+            return self.dir.is_locked()
+        pid = self.worker_pid
+        return pid is not None and pid_exists(pid) and self.status.get("state") not in DONE_STATES
+
+    @property
+    def busy(self) -> bool:
+        """A checkpoint is being taken. The worker answers a request once the checkpoint is
+        recorded, just before it rewrites its state: a recorded checkpoint of the current step
+        means that one is done."""
+        if self.status.get("state") not in BUSY_STATES:
+            return False
+        last = self.status.get("last_checkpoint") or {}
+        return last.get("step") != self.status.get("step")
+
+    @property
+    def state(self) -> str:
+        if self.alive:
+            return str(self.status.get("state", "?"))
+        state = self.status.get("state")
+        if state in DONE_STATES:
+            return str(state)
+        return "dead"  # it says running, but nobody is: killed without a word
+
+    def devices(self) -> str | None:
+        """The worker's CUDA_VISIBLE_DEVICES: None when unset, '?' when it cannot be read."""
+        pid = self.worker_pid
+        env = process_env(pid) if pid and self.alive else None
+        if env is None:
+            return "?"
+        return env.get("CUDA_VISIBLE_DEVICES")
+
+    def summary(self) -> dict[str, Any]:
+        last = self.status.get("last_checkpoint") or {}
+        return {
+            "id": self.id,
+            "pid": self.worker_pid,
+            "supervisor_pid": self.identity.get("supervisor_pid"),
+            "alive": self.alive,
+            "state": self.state,
+            "step": self.status.get("step"),
+            "command": command_of(self),
+            "devices": self.devices() if self.alive else None,
+            "user": self.identity.get("user"),
+            "uid": self.uid,
+            "host": self.identity.get("host"),
+            "job_dir": self.dir.path,
+            "checkpoint_dir": self.identity.get("checkpoint_dir"),
+            "last_checkpoint": last.get("url"),
+            "last_checkpoint_step": last.get("step"),
+            "last_checkpoint_age": time.time() - float(last["time"]) if last.get("time") else None,
+        }
+
+
+def command_of(record: JobRecord) -> list[str]:
+    """The command that started the job: the supervisor's (``run_start``), else the worker's argv."""
+    for event in reversed(record.dir.events()):
+        if event.get("event") == "run_start" and isinstance(event.get("command"), list):
+            return [str(a) for a in event["command"]]
+    command = record.identity.get("command")
+    return [str(a) for a in command] if isinstance(command, list) else []
+
+
+def list_jobs() -> list[JobRecord]:
+    root = jobs_root()
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return []
+    except PermissionError as exc:
+        raise JobError(f"cannot read {root}: it belongs to another user; run as its owner") from exc
+    out = []
+    for name in names:
+        try:
+            out.append(JobRecord.load(os.path.join(root, name)))
+        except (JobError, PermissionError):
+            continue
+    return out
+
+
+def not_a_job_message(pid: int) -> str:
+    return (
+        f"pid {pid} ({process_name(pid)[:60]}) is not a ferry job: it was not started under "
+        "`ferry run` and runs no ferry session, so ferry cannot ask it for a framework-level "
+        "checkpoint, migrate or export it. For a CUDA process, `ferry suspend PID` / `ferry wake "
+        "PID --map ...` checkpoint its GPU state at the process level (docs/process.md); to make "
+        "it a ferry job, restart it as `ferry run -- COMMAND`"
+    )
+
+
+def find_job(spec: str) -> JobRecord:
+    """A job by its id, or by the PID of its worker, session or supervisor."""
+    if not spec or "/" in spec or spec in (".", ".."):
+        raise ConfigError(f"{spec!r} is not a job id or a PID")
+    path = os.path.join(jobs_root(), spec)
+    try:
+        os.stat(path)
+    except PermissionError:
+        raise JobError(
+            f"permission denied on {path}: jobs under {jobs_root()} belong to another user, "
+            "and only a job's own user may see or control it"
+        ) from None
+    except FileNotFoundError:
+        pass
+    if os.path.isfile(os.path.join(path, "job.json")):
+        try:
+            return JobRecord.load(path)
+        except PermissionError as exc:
+            raise JobError(f"job {spec} belongs to another user: only its own user may control it") from exc
+    if os.path.isdir(path) and not os.access(path, os.R_OK | os.X_OK):
+        raise JobError(f"job {spec} belongs to another user: only its own user may control it")
+    if spec.isdigit():
+        pid = int(spec)
+        matches = [r for r in list_jobs() if pid in r.pids]
+        live = [r for r in matches if r.alive]
+        if live or matches:
+            return (live or matches)[-1]
+        if pid_exists(pid):
+            raise JobError(not_a_job_message(pid))
+        raise JobError(f"no process {pid} and no ferry job with that id or pid: see `ferry list`")
+    raise JobError(f"no ferry job {spec!r} under {jobs_root()} (FERRY_HOME): see `ferry list`")
+
+
+def require_alive(record: JobRecord, doing: str) -> None:
+    uid = record.uid
+    if uid is not None and uid != os.getuid():
+        raise JobError(
+            f"refused: job {record.id} runs as uid {uid}, you are uid {os.getuid()}; "
+            "only the job's own user may control it"
+        )
+    if not record.alive:
+        pid = record.worker_pid
+        why = f"its worker (pid {pid}) is gone" if pid else "it has no worker"
+        raise JobError(
+            f"cannot {doing} job {record.id}: it is not running ({record.state}; {why}); "
+            "`ferry resume` or `ferry run` starts it again from its last checkpoint"
+        )
+    if record.busy:
+        raise JobError(
+            f"job {record.id} is already checkpointing (step {record.status.get('step')}): "
+            "wait for that checkpoint to commit (`ferry status`), then ask again"
+        )
+
+
+def send(record: JobRecord, action: str, env: dict[str, str] | None = None) -> str:
+    """Drop a control request after the checks; returns the request id."""
+    require_alive(record, action)
+    return submit(record.dir, action, env)
+
+
+def wait_answer(
+    record: JobRecord, rid: str, timeout: float | None, progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """The worker's answer to ``rid``; JobError when it refuses, fails, dies or times out."""
+    path = os.path.join(record.dir.control, f"resp-{rid}.json")
+    start = time.monotonic()
+    deadline = None if timeout is None else start + timeout
+    next_note, next_check = start + 2.0, start
+    while True:
+        if os.path.exists(path):
+            doc = read_json(path)
+            doc = doc if isinstance(doc, dict) else {}
+            if not doc.get("ok"):
+                raise JobError(f"job {record.id}: {doc.get('error', 'the request failed')}")
+            return doc
+        now = time.monotonic()
+        if now >= next_check:
+            next_check = now + 0.25
+            if not record.refresh().alive and not os.path.exists(path):
+                raise JobError(
+                    f"job {record.id}'s worker exited before answering (state {record.state}); "
+                    "no checkpoint was committed for this request"
+                )
+        if deadline is not None and now > deadline:
+            raise JobError(
+                f"job {record.id} did not answer within {timeout:g} s (at step "
+                f"{record.dir.status().get('step')}): a long step delays the next safe point; "
+                "retry with a longer --timeout"
+            )
+        if progress is not None and now >= next_note:
+            progress(
+                f"job {record.id}: waiting ({now - start:.0f} s, step {record.dir.status().get('step')})"
+            )
+            next_note = now + 5.0
+        time.sleep(0.05)

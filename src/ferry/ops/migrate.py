@@ -1,0 +1,299 @@
+"""Move a job: in place to other devices (``migrate``), or out as a bundle (``export``) that
+``resume`` starts again elsewhere.
+
+Migration is a ``restart`` control request (docs/jobs.md): the worker commits a checkpoint
+and exits, its supervisor starts it again with the new ``CUDA_VISIBLE_DEVICES``, and the
+new worker restores the checkpoint just committed. The state travels through that
+checkpoint (read back from the page cache on a local disk), not through memory.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ferry.autotrack import BOOT_DIR
+from ferry.errors import ConfigError, JobError, NoCheckpointError
+from ferry.launcher import check_command
+from ferry.ops import devices
+from ferry.ops.jobs import JobRecord, command_of, process_env, require_alive, send, wait_answer
+from ferry.storage import Storage, open_storage, strategy_for
+from ferry.storage.atomic import MANIFEST, MARKER
+
+Progress = Callable[[str], None]
+BUNDLE = "bundle.json"
+_JOB_SPECIFIC = ("FERRY_JOB_ID", "FERRY_JOB_DIR", "FERRY_DIR", "FERRY_HOME", "FERRY_AUTOTRACK")
+
+
+@dataclass
+class Migration:
+    job: str
+    source: str | None
+    target: str
+    step: int
+    url: str
+    pid: int
+    drain: float
+    save: float
+    restart: float
+    restore: float
+
+    @property
+    def downtime(self) -> float:
+        return self.drain + self.save + self.restart + self.restore
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "downtime": self.downtime}
+
+
+def _events_after(record: JobRecord, since: float, kind: str) -> list[dict[str, Any]]:
+    return [e for e in record.dir.events() if e.get("event") == kind and float(e.get("time", 0)) >= since]
+
+
+def migrate(record: JobRecord, target: str, timeout: float, progress: Progress) -> Migration:
+    """Checkpoint, restart on ``target`` devices, and return once the worker resumed."""
+    require_alive(record, "migrate")
+    if not record.supervised:
+        raise JobError(
+            f"job {record.id} runs without `ferry run`: nobody can restart it in place; use "
+            "`ferry export` and `ferry resume`, or start it as `ferry run --restarts N -- ...`"
+        )
+    allowed = record.status.get("max_restarts")
+    done = int(record.status.get("restarts") or 0)
+    if allowed is not None and done >= int(allowed):
+        raise JobError(
+            f"job {record.id} has no in-place restart left ({done} of {allowed} used): start it with "
+            "`ferry run --restarts N` to migrate it, or use `ferry export` and `ferry resume`"
+        )
+    current = record.devices()
+    target, warning = devices.check(target)
+    if devices.same(current, target):
+        raise ConfigError(f"job {record.id} already runs on CUDA_VISIBLE_DEVICES={target}: nothing to move")
+    if warning:
+        progress(f"warning: {warning}")
+    t0 = time.time()
+    rid = send(record, "restart", {"CUDA_VISIBLE_DEVICES": target})
+    progress(
+        f"job {record.id}: checkpointing at its next safe point (devices {current or 'all'} -> {target})"
+    )
+    answer = wait_answer(record, rid, timeout, progress)
+    step, url, save = int(answer["step"]), str(answer["url"]), float(answer.get("seconds", 0))
+    committed = float(answer.get("time", time.time()))
+    progress(f"job {record.id}: checkpoint of step {step} committed ({save:.2f} s); restarting on {target}")
+    deadline = time.monotonic() + timeout
+    while True:
+        restarts = _events_after(record, t0, "restart")
+        resumed = _events_after(record, t0, "resume")
+        if restarts and resumed:
+            new_pid, resume = int(restarts[-1]["pid"]), resumed[-1]
+            if resume.get("step") != step:
+                raise JobError(
+                    f"job {record.id} restarted on {target} but resumed at step {resume.get('step')}, "
+                    f"not at the step {step} it saved (from {resume.get('url')}): see its log"
+                )
+            break
+        if not record.refresh().alive:
+            raise JobError(
+                f"job {record.id} stopped after its checkpoint instead of restarting "
+                f"({record.state}); resume it with `ferry run` or `ferry resume {url}`"
+            )
+        if time.monotonic() > deadline:
+            raise JobError(
+                f"job {record.id} did not resume on {target} within {timeout:g} s; see `ferry status`"
+            )
+        time.sleep(0.05)
+    restore = float(resume.get("seconds", 0))
+    save_start = committed - save
+    return Migration(
+        job=record.id,
+        source=current,
+        target=target,
+        step=step,
+        url=url,
+        pid=new_pid,
+        drain=max(0.0, save_start - t0),
+        save=save,
+        restart=max(0.0, float(resume["time"]) - restore - committed),
+        restore=restore,
+    )
+
+
+# ---------------------------------------------------------------------- bundles
+def copy_checkpoint(src_url: str, dest: Storage, progress: Progress) -> str:
+    """Copy one committed checkpoint into ``dest`` under its own folder name, committed the
+    way ``dest`` commits (rename or marker), verified first. Returns its URL there."""
+    from ferry.engine import list_checkpoints, split_url, verify
+
+    src, name = split_url(src_url)
+    if name is None:
+        refs = list_checkpoints(src)
+        if not refs:
+            raise NoCheckpointError(f"no committed checkpoint under {src_url}")
+        name = refs[-1].name
+    manifest = read_json_bytes(src.read_bytes(f"{name}/{MANIFEST}"))
+    files = [f for f in manifest.get("files", {}) if f != MARKER]
+    strategy = strategy_for(dest)
+    staging = strategy.staging_name(name)
+    dest.makedirs(staging)
+    total = 0
+    for rel in files:
+        total += _copy_file(src, f"{name}/{rel}", dest, f"{staging}/{rel}")
+    dest.write_bytes(f"{staging}/{MANIFEST}", src.read_bytes(f"{name}/{MANIFEST}"))
+    verify(dest, staging)  # every checksum, before the copy becomes visible
+    strategy.commit(dest, staging, name)
+    progress(f"copied {name} ({total / 2**20:.1f} MiB) to {dest.child_url(name)}")
+    return dest.child_url(name)
+
+
+def read_json_bytes(data: bytes) -> dict[str, Any]:
+    import json
+
+    doc = json.loads(data)
+    if not isinstance(doc, dict):
+        raise NoCheckpointError("a checkpoint manifest is not a JSON object")
+    return doc
+
+
+def _copy_file(src: Storage, src_rel: str, dest: Storage, dest_rel: str) -> int:
+    if "/" in dest_rel.rstrip("/"):
+        dest.makedirs(dest_rel.rsplit("/", 1)[0])
+    reader, writer = src.open_reader(src_rel), dest.open_writer(dest_rel)
+    buf = bytearray(16 << 20)
+    view = memoryview(buf)
+    total = 0
+    try:
+        while n := reader.readinto(view):
+            writer.write(view[:n])
+            total += n
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        reader.close()
+    writer.close()
+    return total
+
+
+def relevant_env(env: dict[str, str]) -> dict[str, str]:
+    """What a job needs again elsewhere: ferry's knobs, its devices, its import path."""
+    out = {k: v for k, v in env.items() if k.startswith("FERRY_") and k not in _JOB_SPECIFIC}
+    if "CUDA_VISIBLE_DEVICES" in env:
+        out["CUDA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOT_DIR]
+    if paths:
+        out["PYTHONPATH"] = os.pathsep.join(paths)
+    return out
+
+
+def export(record: JobRecord, dest_url: str, timeout: float, progress: Progress) -> dict[str, Any]:
+    """Stop a running job with a checkpoint (or take a stopped job's newest one) and write a
+    bundle at ``dest_url``: ``bundle.json`` and ``checkpoints/<name>/``."""
+    dest = open_storage(dest_url)
+    if dest.exists(BUNDLE):
+        raise ConfigError(f"{dest_url} already holds a bundle: export to a new place")
+    pid = record.worker_pid
+    env = (process_env(pid) if pid and record.alive else None) or {}
+    exe = _exe(pid) if record.alive and pid else None
+    if record.alive:
+        rid = send(record, "stop")
+        progress(f"job {record.id}: checkpointing and stopping at its next safe point")
+        answer = wait_answer(record, rid, timeout, progress)
+        url = str(answer["url"])
+        progress(f"job {record.id}: checkpoint of step {answer['step']} committed; waiting for it to exit")
+        deadline = time.monotonic() + timeout
+        while record.refresh().alive:
+            if time.monotonic() > deadline:
+                raise JobError(f"job {record.id} did not exit within {timeout:g} s of its checkpoint")
+            time.sleep(0.05)
+    else:
+        root = record.identity.get("checkpoint_dir")
+        if not root:
+            raise NoCheckpointError(f"job {record.id} has no checkpoint directory recorded")
+        url = str(root)
+        progress(f"job {record.id} is not running: exporting its newest committed checkpoint")
+    copied = copy_checkpoint(url, open_storage(dest.child_url("checkpoints")), progress)
+    name = copied.rstrip("/").rsplit("/", 1)[-1]
+    manifest = read_json_bytes(open_storage(dest.child_url("checkpoints")).read_bytes(f"{name}/{MANIFEST}"))
+    bundle = {
+        "format": 1,
+        "job": record.id,
+        "command": command_of(record),
+        "cwd": record.identity.get("cwd"),
+        "env": relevant_env(env),
+        "autotrack": env.get("FERRY_AUTOTRACK", "1") != "0" if env else True,
+        "checkpoint": f"checkpoints/{name}",
+        "step": manifest.get("step"),
+        "source_checkpoint": url,
+        "python_executable": exe,
+        "torch_version": manifest.get("torch_version"),
+        "ferry_version": manifest.get("ferry_version"),
+        "host": record.identity.get("host"),
+        "exporter": {"python": platform.python_version(), "host": platform.node()},
+        "created": time.time(),
+    }
+    import json
+
+    dest.write_bytes(BUNDLE, json.dumps(bundle, indent=1, sort_keys=True).encode())
+    return {**bundle, "url": dest.url}
+
+
+def _exe(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+
+
+def load_bundle(source: str) -> dict[str, Any] | None:
+    storage = open_storage(source)
+    if not storage.exists(BUNDLE):
+        return None
+    return read_json_bytes(storage.read_bytes(BUNDLE))
+
+
+def prepare_resume(
+    source: str, dest_dir: str, command: list[str], gpus: str | None, progress: Progress
+) -> tuple[list[str], dict[str, str], str | None, bool]:
+    """Copy the checkpoint into ``dest_dir``; returns (command, env, cwd, autotrack)."""
+    from ferry.engine.catalog import list_checkpoints, split_url
+
+    bundle = load_bundle(source)
+    env: dict[str, str] = {}
+    cwd, autotrack = None, True
+    if bundle is not None:
+        ckpt = open_storage(source).child_url(str(bundle["checkpoint"]))
+        command = command or [str(a) for a in bundle.get("command", [])]
+        env = {str(k): str(v) for k, v in (bundle.get("env") or {}).items()}
+        cwd = bundle.get("cwd")
+        autotrack = bool(bundle.get("autotrack", True))
+    else:
+        ckpt = source
+        if not command:
+            raise ConfigError(
+                f"{source} is a checkpoint, not a bundle (no {BUNDLE}): give the command after --, "
+                "e.g. `ferry resume URL -- python train.py`"
+            )
+    if not command:
+        raise ConfigError(f"the bundle at {source} records no command: give it after --")
+    check_command(command, env.get("PATH", os.environ.get("PATH")))
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"], warning = devices.check(gpus)
+        if warning:
+            progress(f"warning: {warning}")
+    dest = open_storage(dest_dir)
+    _, name = split_url(ckpt)
+    existing = {r.name for r in list_checkpoints(dest)}
+    same_root = ckpt.rstrip("/") == dest_dir.rstrip("/")
+    if not same_root and (name is None or name not in existing):
+        copy_checkpoint(ckpt, dest, progress)
+    if cwd is not None and not os.path.isdir(cwd):
+        progress(f"warning: the job's working directory {cwd} does not exist here; using {os.getcwd()}")
+        cwd = None
+    return command, env, cwd, autotrack
+
+
+__all__ = ["Migration", "copy_checkpoint", "export", "load_bundle", "migrate", "prepare_resume"]
