@@ -33,6 +33,7 @@ from ferry.runtime.distributed import RankGroup, rank_view, replicated
 from ferry.runtime.jobdir import JobDir
 from ferry.runtime.signals import SignalRequests
 from ferry.schedulers import detect as detect_scheduler
+from ferry.state.generators import GeneratorState
 from ferry.state.grads import Gradients
 from ferry.state.loader import Hooks, LoaderTracker, protect_workers, track_loader, untrack_all
 from ferry.state.rng import GlobalRNG
@@ -154,16 +155,19 @@ class Session(Hooks):
                     self._driver_pinned = name == "loader"
             elif is_stateful(obj) or isinstance(obj, (dict, list)):
                 self.objects[name] = obj
+            elif GeneratorState.accepts(obj):
+                self.objects[name] = GeneratorState(obj)
             else:
                 raise UnsupportedStateError(
                     f"ferry.track({name}=...) got a {type(obj).__name__}: track objects with "
-                    "state_dict()/load_state_dict(), dicts or lists updated in place, or DataLoaders"
+                    "state_dict()/load_state_dict(), dicts or lists updated in place, random "
+                    "generators, or DataLoaders"
                 )
         if self._loaded is None:
             return
         saved = self._loaded.state["ferry"]
         if self._restored:  # tracked after the restore: catch up now
-            self._apply_objects({k: v for k, v in objects.items() if k in self.objects})
+            self._apply_objects({k: self.objects[k] for k in objects if k in self.objects})
             for tracker in new_loaders:
                 self._resume_loader(tracker, relative=True)
         elif self.loaders:
