@@ -55,8 +55,9 @@ def main() -> None:
     torch.manual_seed(7)
     data = torch.randn(160, 10)
     labels = (data[:, 0] > 0).long() + (data[:, 1] > 0.5).long()
-    train_loader = DataLoader(TensorDataset(data[:128], labels[:128]), batch_size=8, shuffle=True,
-                              num_workers=args.workers)
+    train_loader = DataLoader(
+        TensorDataset(data[:128], labels[:128]), batch_size=8, shuffle=True, num_workers=args.workers
+    )
     test_loader = DataLoader(TensorDataset(data[128:], labels[128:]), batch_size=16)
     model = Net()
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
