@@ -131,6 +131,23 @@ def test_existing_sitecustomize_keeps_working(tmp_path: Path) -> None:
     assert proc.stdout.split() == ["yes", "True"]
 
 
+def stop_rank_one_after_10_steps(cmd: list[str], env: dict[str, str], out: Path, script: str) -> None:
+    """Run ``cmd`` (ferry run -- torchrun ...) and SIGUSR1 rank 1 alone once rank 0 logged 10
+    steps; the whole job must then checkpoint and exit 85."""
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = out / "rank0" / "log.txt"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and first.poll() is None:
+        if log.exists() and log.read_text().count("\n") >= 10:
+            pid = _pid_of_rank(script, 1)
+            assert pid is not None
+            os.kill(pid, signal.SIGUSR1)
+            break
+        time.sleep(0.02)
+    _, err = first.communicate(timeout=240)
+    assert first.returncode == 85, err[-3000:]
+
+
 def _pid_of_rank(script: str, rank: int) -> int | None:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -176,20 +193,7 @@ def test_torchrun_two_ranks_signal_one_rank_then_resume_on_two_and_one(tmp_path:
         "--out",
         str(tmp_path / "run"),
     ]
-    first = subprocess.Popen(
-        [*cmd, "--sleep", "0.05"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    log = tmp_path / "run" / "rank0" / "log.txt"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and first.poll() is None:
-        if log.exists() and log.read_text().count("\n") >= 10:
-            pid = _pid_of_rank(script, 1)
-            assert pid is not None
-            os.kill(pid, signal.SIGUSR1)
-            break
-        time.sleep(0.02)
-    _, err = first.communicate(timeout=240)
-    assert first.returncode == 85, err[-3000:]
+    stop_rank_one_after_10_steps([*cmd, "--sleep", "0.05"], env, tmp_path / "run", script)
     (saved,) = [p for p in (tmp_path / "ck").iterdir() if p.name.startswith("step-")]
     assert sorted(f.name for f in saved.iterdir()) == [
         "data-0.bin",
