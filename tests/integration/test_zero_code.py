@@ -250,19 +250,7 @@ def test_fsdp_sharded_state_goes_through_dcp_and_reshards(tmp_path: Path) -> Non
     assert ref.returncode == 0, ref.stderr[-3000:]
     cmd = [FERRY, "run", "--dir", str(tmp_path / "ck"), "--job-id", "fsdp", "--every-steps", "8", "--",
            *torchrun, "2", script, "--out", str(tmp_path / "run")]  # fmt: skip
-    first = subprocess.Popen([*cmd, "--sleep", "0.05"], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)  # fmt: skip
-    log = tmp_path / "run" / "rank0" / "log.txt"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and first.poll() is None:
-        if log.exists() and log.read_text().count("\n") >= 10:
-            pid = _pid_of_rank(script, 1)
-            assert pid is not None
-            os.kill(pid, signal.SIGUSR1)
-            break
-        time.sleep(0.02)
-    _, err = first.communicate(timeout=240)
-    assert first.returncode == 85, err[-3000:]
+    stop_rank_one_after_10_steps([*cmd, "--sleep", "0.05"], env, tmp_path / "run", script)
     newest = sorted(p for p in (tmp_path / "ck").iterdir() if p.name.startswith("step-"))[-1]
     assert {".metadata", "__0_0.distcp", "__1_0.distcp"} <= {f.name for f in (newest / "dcp").iterdir()}
     second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
