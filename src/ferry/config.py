@@ -86,9 +86,12 @@ class Config:
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> Config:
-        """Defaults, then FERRY_* variables, then explicit overrides."""
+        """Defaults, then the scheduler's (``worker_defaults``), then FERRY_* variables, then
+        explicit overrides."""
+        from ferry.schedulers import detect  # here: the adapters must not load with Config
+
         env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
+        values: dict[str, Any] = detect(env).worker_defaults()  # a batch system's, e.g. HTCondor's
         for f in fields(cls):
             raw = env.get(f"FERRY_{f.name.upper()}")
             if raw is None:

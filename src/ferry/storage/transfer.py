@@ -1,0 +1,279 @@
+"""Transfer policies: checkpoint to a fast local path, copy to a remote root, fetch it back.
+
+What HTC sites do: the job writes its checkpoints to node-local disk (fast, and the commit
+is a local rename), and each committed checkpoint is then copied to a remote root (a
+shared filesystem path, ``s3://``, ``root://``) in the background. On another node, where
+the local folder is empty, the restore fetches the newest committed checkpoint from the
+remote first. Writing to the remote directly needs no policy: give it as the checkpoint
+folder (``ferry run --dir s3://...``).
+
+A copy goes through the destination's own commit strategy, in this order: data files
+(each checked against the manifest's xxh3 checksum while it streams), the manifest, then
+the commit (a rename, or the ``COMMITTED`` marker on object stores). Every step is retried
+with exponential backoff; when the retries run out the copy fails with a ``TransferError``
+that says so, the local checkpoint is kept, and the remote never lists the checkpoint as
+committed: readers skip a folder without its commit.
+
+A user callback replaces the built-in copy in both directions: ``callback("push",
+checkpoint_url, remote_root)`` after each local commit and ``callback("fetch",
+remote_root, local_root)`` before a restore that found nothing locally.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import xxhash
+
+from ferry.errors import ConfigError, StorageError
+from ferry.storage import Storage, open_storage, strategy_for
+from ferry.storage.atomic import MANIFEST
+
+log = logging.getLogger("ferry")
+
+T = TypeVar("T")
+TransferCallback = Callable[[str, str, str], None]
+"""``(direction, source URL, destination root URL)``; direction is ``push`` or ``fetch``."""
+MODES = ("background", "sync")
+CHUNK = 8 << 20
+
+
+class TransferError(StorageError):
+    """A copy to or from the remote failed after its retries; the source is untouched."""
+
+
+@dataclass(kw_only=True)
+class TransferPolicy:
+    """Where committed checkpoints are copied, and how hard ferry tries."""
+
+    remote: str
+    """The remote root: a shared filesystem path or an fsspec URL (``s3://``, ``root://``)."""
+    mode: str = "background"
+    """``background``: the copy runs on its own thread while training goes on (a stop
+    waits for it); ``sync``: the commit returns only once the remote has it too."""
+    retries: int = 5
+    """Retries of each step of a copy (a file, the manifest, the commit)."""
+    backoff_seconds: float = 0.5
+    """Wait before the n-th retry: this times 2**(n-1), at most ``backoff_cap_seconds``."""
+    backoff_cap_seconds: float = 10.0
+    """The longest wait between two tries."""
+    keep_last: int | None = None
+    """Committed checkpoints to keep on the remote (None: all)."""
+    callback: TransferCallback | None = None
+    """Replaces the built-in copy, both ways (see the module's docstring)."""
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    """Options for the remote's fsspec filesystem (endpoint, credentials)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"transfer mode {self.mode!r}: use one of {', '.join(MODES)}")
+        if self.retries < 0 or self.backoff_seconds < 0:
+            raise ConfigError("transfer retries and backoff_seconds must be >= 0")
+        if self.keep_last is not None and self.keep_last < 1:
+            raise ConfigError(f"keep_last must be >= 1 on the remote too, got {self.keep_last}")
+
+
+def retry(what: str, fn: Callable[[], T], policy: TransferPolicy) -> T:
+    """``fn()``, tried ``1 + policy.retries`` times with exponential backoff."""
+    attempts = policy.retries + 1
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except Exception as exc:
+            if attempt == attempts:
+                raise TransferError(f"{what} failed {attempts} times, the last with: {exc}") from exc
+            delay = min(policy.backoff_seconds * 2 ** (attempt - 1), policy.backoff_cap_seconds)
+            log.warning(
+                "ferry: transfer: %s failed (%s); retry %d of %d in %.1f s",
+                what,
+                exc,
+                attempt,
+                policy.retries,
+                delay,
+            )
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def _copy_file(src: Storage, src_rel: str, dst: Storage, dst_rel: str, meta: dict[str, Any]) -> None:
+    if "/" in dst_rel.split("/", 1)[1]:
+        dst.makedirs(dst_rel.rsplit("/", 1)[0])
+    reader = src.open_reader(src_rel)
+    writer = dst.open_writer(dst_rel)
+    try:
+        buffer = memoryview(bytearray(CHUNK))
+        digest, size = xxhash.xxh3_64(), 0
+        while n := reader.readinto(buffer):
+            digest.update(buffer[:n])
+            writer.write(buffer[:n])
+            size += n
+        if size != int(meta["size"]) or digest.hexdigest() != meta["xxh3_64"]:
+            raise StorageError(f"{src.child_url(src_rel)} does not match its manifest (size or checksum)")
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        reader.close()
+
+
+def _whole(storage: Storage, rel: str, size: int) -> bool:
+    try:
+        return storage.exists(rel) and storage.size(rel) == size
+    except Exception:
+        return False
+
+
+def copy_checkpoint(src: Storage, name: str, dst: Storage, policy: TransferPolicy) -> str:
+    """Copy the committed checkpoint ``name`` from root ``src`` to root ``dst``: data,
+    manifest, commit, each retried. Returns its URL under ``dst``. Idempotent."""
+    from ferry.engine.format import parse_manifest
+
+    strategy = strategy_for(dst)
+    target = dst.child_url(name)
+    if retry(f"looking for {target}", lambda: strategy.is_committed(dst, name), policy):
+        return target
+    raw = retry(f"reading {src.child_url(name)}", lambda: src.read_bytes(f"{name}/{MANIFEST}"), policy)
+    files: dict[str, dict[str, Any]] = parse_manifest(raw, src.child_url(name))["files"]
+    staging = strategy.staging_name(name)
+    retry(f"creating {dst.child_url(staging)}", lambda: dst.makedirs(staging), policy)
+    for rel, meta in files.items():
+        retry(
+            f"copying {rel} to {target}",
+            lambda rel=rel, meta=meta: _copy_file(src, f"{name}/{rel}", dst, f"{staging}/{rel}", meta),  # type: ignore[misc]
+            policy,
+        )
+    retry(f"writing the manifest of {target}", lambda: dst.write_bytes(f"{staging}/{MANIFEST}", raw), policy)
+    # Before the commit: every file is there, whole. A remote that lost some of them while it
+    # was down (a restarted server) must not get a commit marker over a partial checkpoint.
+    missing = [rel for rel, meta in files.items() if not _whole(dst, f"{staging}/{rel}", int(meta["size"]))]
+    if missing:
+        raise TransferError(
+            f"{target}: {', '.join(missing)} went missing on the remote during the copy; not committed "
+            "(the next checkpoint copies again)"
+        )
+    retry(f"committing {target}", lambda: strategy.commit(dst, staging, name), policy)
+    return target
+
+
+class TransferHandle:
+    """One copy in flight: ``done()``, ``wait()``, ``result()`` (its URL, or its error)."""
+
+    def __init__(self, future: Future[str]) -> None:
+        self._future = future
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        try:
+            self._future.exception(timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def result(self, timeout: float | None = None) -> str:
+        return self._future.result(timeout)
+
+
+class Transfer:
+    """A local checkpoint root paired with its remote, under one policy."""
+
+    def __init__(self, local: str, policy: TransferPolicy) -> None:
+        self.local_url = local
+        self.policy = policy
+        self.local = open_storage(local)
+        self.remote = open_storage(policy.remote, **policy.storage_options)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ferry-transfer")
+        self._pending: list[TransferHandle] = []
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ push
+    def push(self, name: str) -> TransferHandle:
+        """Copy the committed local checkpoint ``name`` to the remote, in the background
+        (``sync`` mode: before returning). Failures are logged and kept in the handle."""
+        handle = TransferHandle(self._pool.submit(self._push, name))
+        with self._lock:
+            self._pending = [h for h in self._pending if not h.done()] + [handle]
+        if self.policy.mode == "sync":
+            handle.wait()
+        return handle
+
+    def _push(self, name: str) -> str:
+        started = time.monotonic()
+        try:
+            callback = self.policy.callback
+            if callback is not None:
+                src_url, root = self.local.child_url(name), self.remote.url
+                retry(
+                    f"the push callback for {src_url}", lambda: callback("push", src_url, root), self.policy
+                )
+                url = self.remote.child_url(name)
+            else:
+                url = copy_checkpoint(self.local, name, self.remote, self.policy)
+        except Exception as exc:
+            log.error(
+                "ferry: could not copy checkpoint %s to %s: %s. The local copy %s is kept and "
+                "loadable; the remote shows no partial checkpoint. Check that %s is reachable: the "
+                "next checkpoint tries again",
+                name,
+                self.remote.url,
+                exc,
+                self.local.child_url(name),
+                self.remote.url,
+            )
+            raise
+        log.info("ferry: checkpoint %s copied to %s (%.2f s)", name, url, time.monotonic() - started)
+        if self.policy.keep_last is not None:
+            from ferry.engine.catalog import apply_retention
+
+            apply_retention(self.remote, self.policy.keep_last)
+        return url
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for every copy in flight; False when ``timeout`` ran out first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            pending = list(self._pending)
+        for handle in pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not handle.wait(left):
+                return False
+        return True
+
+    def close(self, timeout: float | None = None) -> None:
+        if not self.wait(timeout):
+            log.error(
+                "ferry: a checkpoint copy to %s did not finish in time; the local copy is kept",
+                self.remote.url,
+            )
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ fetch
+    def fetch_if_missing(self) -> str | None:
+        """No committed checkpoint locally (a new node): fetch the newest from the remote.
+        Returns the local URL fetched to, or None when there was a local one or none at all."""
+        from ferry.engine.catalog import list_checkpoints
+
+        if list_checkpoints(self.local):
+            return None
+        callback = self.policy.callback
+        if callback is not None:
+            remote, local = self.remote.url, self.local.url
+            retry(f"the fetch callback from {remote}", lambda: callback("fetch", remote, local), self.policy)
+            found = list_checkpoints(self.local)
+            return found[-1].url if found else None
+        refs = list_checkpoints(self.remote)
+        if not refs:
+            return None
+        newest = refs[-1]
+        self.local.makedirs("")
+        url = copy_checkpoint(self.remote, newest.name, self.local, self.policy)
+        log.info("ferry: no local checkpoint; fetched %s from %s", newest.name, self.remote.url)
+        return url

@@ -1,0 +1,129 @@
+"""Scheduler adapters as data: detection, job identity, exit codes, grace; and the example
+files under examples/ checked against the pure functions that generate them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ferry.config import Config
+from ferry.errors import ConfigError
+from ferry.schedulers import REGISTRY, SchedulerAdapter, detect
+from ferry.schedulers import kubernetes as k8s
+from ferry.schedulers.htcondor import parse_job_ad, submit_file
+from ferry.schedulers.slurm import SbatchSpec, sbatch_script
+from ferry.schedulers.templates import EXAMPLES
+from ferry.storage.transfer import TransferPolicy
+
+EXAMPLES_DIR = Path(__file__).parents[2] / "examples"
+
+
+def ad_file(tmp_path: Path, text: str) -> str:
+    path = tmp_path / ".job.ad"
+    path.write_text(text)
+    return str(path)
+
+
+def test_detection_is_a_registry_in_priority_order(tmp_path: Path) -> None:
+    ad = ad_file(tmp_path, "ClusterId = 1\nProcId = 0\n")
+    assert detect({}).name == "local"
+    assert detect({"SLURM_JOB_ID": "9"}).name == "slurm"
+    assert detect({"_CONDOR_JOB_AD": ad}).name == "htcondor"
+    assert detect({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}).name == "kubernetes"
+    assert detect({"SLURM_JOB_ID": "9", "KUBERNETES_SERVICE_HOST": "x"}).name == "slurm"
+    assert list(REGISTRY)[-1] == "local"
+    for env in ({}, {"SLURM_JOB_ID": "9"}, {"_CONDOR_JOB_AD": ad}, {"KUBERNETES_SERVICE_HOST": "x"}):
+        assert isinstance(detect(env), SchedulerAdapter)
+
+
+def test_forcing_a_scheduler(tmp_path: Path) -> None:
+    assert detect({"FERRY_SCHEDULER": "kubernetes"}).name == "kubernetes"
+    with pytest.raises(ConfigError, match="use one of slurm, htcondor"):
+        detect({"FERRY_SCHEDULER": "pbs"})
+    with pytest.raises(ConfigError, match="not a slurm job"):
+        detect({"FERRY_SCHEDULER": "slurm"})
+
+
+def test_slurm_identity_is_array_aware_and_counts_restarts() -> None:
+    plain = detect({"SLURM_JOB_ID": "123", "SLURM_RESTART_COUNT": "2"})
+    assert plain.job_id() == "slurm-123" and plain.restart_count() == 2
+    task = detect({"SLURM_JOB_ID": "130", "SLURM_ARRAY_JOB_ID": "128", "SLURM_ARRAY_TASK_ID": "2"})
+    assert task.job_id() == "slurm-128_2" and task.restart_count() == 0
+    assert plain.stop_signal == "SIGUSR1" and plain.exit_code(85) == 85
+
+
+def test_sbatch_script_is_pure_and_quotes_what_it_must() -> None:
+    spec = SbatchSpec(command=["python", "train.py", "--name", "a b; $x"], grace_seconds=60)
+    script = sbatch_script(spec)
+    assert script == sbatch_script(spec)
+    assert "#SBATCH --signal=B:USR1@60" in script and "#SBATCH --requeue" in script
+    assert script.splitlines()[-1] == "exec ferry run --grace 50 -- python train.py --name 'a b; $x'"
+    with pytest.raises(ValueError, match="grace_seconds must be > 10"):
+        SbatchSpec(command=["x"], grace_seconds=5)
+
+
+def test_job_ad_parsing_and_checkpoint_exit_code(tmp_path: Path) -> None:
+    ad = parse_job_ad('ClusterId = 7\nOwner = "me"\nWantFTOnCheckpoint = true\nRate = 0.5\nReq = (a && b)\n')
+    assert ad == {"ClusterId": 7, "Owner": "me", "WantFTOnCheckpoint": True, "Rate": 0.5, "Req": "(a && b)"}
+    both = detect(
+        {"_CONDOR_JOB_AD": ad_file(tmp_path, "CheckpointExitCode = 77\nSuccessCheckpointExitCode = 93\n")}
+    )
+    assert both.exit_code(85) == 93 and both.worker_defaults() == {"exit_code": 93}
+    old = detect(
+        {"_CONDOR_JOB_AD": ad_file(tmp_path, "ClusterId = 3\nProcId = 1\nCheckpointExitCode = 77\n")}
+    )
+    assert old.exit_code(85) == 77 and old.job_id() == "condor-3.1"
+    none = detect({"_CONDOR_JOB_AD": ad_file(tmp_path, "JobMaxVacateTime = 30\nNumJobStarts = 3\n")})
+    assert none.exit_code(85) == 85 and none.worker_defaults() == {"grace_seconds": 30.0}
+    assert none.restart_count() == 2
+    zero = detect({"_CONDOR_JOB_AD": ad_file(tmp_path, "CheckpointExitCode = 0\n")})
+    with pytest.raises(ConfigError, match="success code"):
+        zero.exit_code(85)
+    with pytest.raises(ConfigError, match="cannot be read"):
+        detect({"_CONDOR_JOB_AD": str(tmp_path / "missing.ad")})
+
+
+def test_the_workers_config_takes_the_ads_code_unless_ferry_exit_code_says_otherwise(tmp_path: Path) -> None:
+    ad = ad_file(tmp_path, "CheckpointExitCode = 77\n")
+    assert Config.from_env({"_CONDOR_JOB_AD": ad}).exit_code == 77
+    assert Config.from_env({"_CONDOR_JOB_AD": ad, "FERRY_EXIT_CODE": "90"}).exit_code == 90
+    assert Config.from_env({}).exit_code == 85
+
+
+def test_submit_file_refuses_codes_that_mean_something_else() -> None:
+    assert "checkpoint_exit_code     = 85" in submit_file()
+    for code in (0, 86):
+        with pytest.raises(ValueError):
+            submit_file(checkpoint_exit_code=code)
+
+
+def test_kubernetes_grace_from_the_measured_save_time() -> None:
+    assert k8s.required_grace_seconds(0.0) == 10
+    assert k8s.required_grace_seconds(20.0, step_seconds=1.0) == 52
+    pod = detect({"KUBERNETES_SERVICE_HOST": "x", k8s.GRACE_ENV: "30"})
+    assert pod.worker_defaults() == {"grace_seconds": 30.0}
+    assert pod.grace_warning(5.0) is None
+    warning = pod.grace_warning(20.0)
+    assert warning is not None and "terminationGracePeriodSeconds=30 is too short" in warning
+    assert "at least 50" in warning
+    assert detect({"KUBERNETES_SERVICE_HOST": "x"}).grace_warning(100.0) is None  # unknown grace
+    assert k8s.prestop_command(60) == ["ferry", "checkpoint", "--all", "--wait", "--timeout", "60"]
+    with pytest.raises(ValueError, match="no room"):
+        k8s.ManifestSpec(grace_seconds=5)
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_recorded_examples_match_their_generators(name: str) -> None:
+    recorded = (EXAMPLES_DIR / name).read_text()
+    assert recorded == EXAMPLES[name](), (
+        f"examples/{name} differs from its generator: after a deliberate change, run "
+        "`python -m ferry.schedulers.templates examples`"
+    )
+
+
+def test_transfer_policy_checks() -> None:
+    with pytest.raises(ConfigError, match="use one of background, sync"):
+        TransferPolicy(remote="s3://b/x", mode="later")
+    with pytest.raises(ConfigError, match=">= 1"):
+        TransferPolicy(remote="s3://b/x", keep_last=0)
