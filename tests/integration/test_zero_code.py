@@ -265,3 +265,29 @@ def test_fsdp_sharded_state_goes_through_dcp_and_reshards(tmp_path: Path) -> Non
     assert resharded.returncode == 0, resharded.stderr[-3000:]
     assert "resumed from" in resharded.stderr and "at step 24" in resharded.stderr
     assert len((tmp_path / "one" / "rank0" / "log.txt").read_text().splitlines()) == 16  # epoch 4, 1 rank
+
+
+@pytest.mark.parametrize("style", ["module", "shebang"])
+def test_bootstrap_reaches_python_m_and_shebang_scripts(style: str, tmp_path: Path) -> None:
+    """`ferry run -- python -m pkg` and `ferry run -- ./script` (a shebang) get zero-code mode too."""
+    probe = "import sys\nprint('ferry.autotrack.hooks' in sys.modules)\n"
+    if style == "module":
+        (tmp_path / "pkg").mkdir()
+        (tmp_path / "pkg" / "__init__.py").write_text("")
+        (tmp_path / "pkg" / "__main__.py").write_text(probe)
+        command = [sys.executable, "-m", "pkg"]
+    else:
+        script = tmp_path / "probe.py"
+        script.write_text(f"#!{sys.executable}\n{probe}")
+        script.chmod(0o755)
+        command = [str(script)]
+    proc = subprocess.run(
+        [FERRY, "run", "--dir", str(tmp_path / "ck"), "--", *command],
+        cwd=tmp_path,
+        env=env_for(tmp_path / "home"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True"
