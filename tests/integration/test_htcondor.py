@@ -21,6 +21,7 @@ import pytest
 from reference import reference
 
 from trainrun import SCRIPTS, assert_same, env_for
+from trainrun import job_status as status
 
 __all__ = ["reference"]
 
@@ -44,14 +45,6 @@ def job_ad(path: Path, **attrs: Any) -> Path:
     base.update(attrs)
     path.write_text("".join(f"{k} = {v}\n" for k, v in base.items() if v is not None))
     return path
-
-
-def status(job: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads((job / "status.json").read_text())
-    except (FileNotFoundError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
 
 
 def evict(

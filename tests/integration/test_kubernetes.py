@@ -19,6 +19,7 @@ from ferry.schedulers import kubernetes as k8s
 from ferry.schedulers.templates import EXAMPLES
 
 from trainrun import SCRIPTS, assert_same, env_for, run
+from trainrun import job_status as status
 
 __all__ = ["reference"]
 
@@ -71,14 +72,6 @@ def test_recorded_manifests_validate_against_the_api_models(name: str) -> None:
 
 
 # ------------------------------------------------------------------ kubelet, replayed
-
-
-def status(job: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads((job / "status.json").read_text())
-    except (FileNotFoundError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
 
 
 def test_kubelet_sequence_prestop_sigterm_sigkill_then_exact_resume(tmp_path: Path, reference: Path) -> None:

@@ -24,6 +24,7 @@ from ferry.runtime.control import submit
 from ferry.runtime.jobdir import JobDir
 
 from trainrun import SCRIPTS, assert_same, env_for, run
+from trainrun import job_status as status
 
 pytestmark = pytest.mark.integration
 EXIT_CHECKPOINTED = 85
@@ -79,14 +80,6 @@ def wait_for(
 def state(pid: int) -> str:
     """A process's state letter: S sleeping, R running, T stopped."""
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-
-
-def status(job: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads((job / "status.json").read_text())
-    except (FileNotFoundError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
 
 
 def training(job: Path, min_step: int = 3) -> Callable[[], bool]:

@@ -23,6 +23,7 @@ from slurm_cluster import SlurmCluster, slurm
 from ferry.schedulers.slurm import SbatchSpec, sbatch_script
 
 from trainrun import SCRIPTS, assert_same, env_for
+from trainrun import job_status as status
 
 __all__ = ["reference", "slurm"]
 
@@ -40,14 +41,6 @@ def until(what: str, predicate: Callable[[], Any], timeout: float, log: Path | N
             tail = log.read_text()[-4000:] if log is not None and log.exists() else ""
             raise AssertionError(f"timed out waiting for {what}\n{tail}")
         time.sleep(0.1)
-
-
-def status(job: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads((job / "status.json").read_text())
-    except (FileNotFoundError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
 
 
 def test_usr1_checkpoints_requeues_and_resumes_bitwise(

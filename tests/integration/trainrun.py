@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 SCRIPTS = Path(__file__).parent / "scripts"
 REPO = Path(__file__).parents[2]
@@ -50,3 +51,10 @@ def assert_same(reference: Path, resumed: Path) -> None:
                 f"  reference: {a[first][:120] if first < len(a) else '<end>'}\n"
                 f"  resumed:   {b[first][:120] if first < len(b) else '<end>'}"
             )
+
+
+def job_status(job: Path) -> dict[str, Any]:
+    """A job's status.json, or {} while it does not exist yet."""
+    from ferry.runtime.jobdir import JobDir
+
+    return JobDir(str(job)).status()
