@@ -12,7 +12,7 @@ PIP    := $(BIN)/python -m pip install -q $(FIND_LINKS)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) torch==2.13.0
-	$(PIP) -c constraints.txt -e '.[test,process]'
+	$(PIP) -c constraints.txt -e '.[test,process,lightning,transformers,keras]'
 	touch $@
 
 # Debian packages the integration tests use (SLURM, munge, XRootD). Only as root;

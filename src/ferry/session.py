@@ -188,6 +188,13 @@ class Session(Hooks):
         tracker.relative = relative
         tracker.restore_pending = not relative and tracker is self.driver
 
+    def saved_state(self, name: str) -> Any:
+        """The state saved under ``name`` in the checkpoint being resumed, or None when starting
+        fresh: for integrations that need a value (an epoch) before the objects can be tracked."""
+        if self._loaded is None:
+            return None
+        return self._loaded.state.get("objects", {}).get(name)
+
     # ------------------------------------------------------------------ restore
     def _find_checkpoint(self) -> None:
         t0 = time.perf_counter()
