@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import os
 import select
@@ -400,11 +401,18 @@ class Supervisor:
                 pass
 
     def _killpg(self, signum: int) -> None:
+        """Signal the worker's process group, and the job's processes outside it (torchrun
+        starts each rank in a session of its own)."""
         assert self.proc is not None
+        strays = _strays(self.proc.pid)
         try:
             os.killpg(self.proc.pid, signum)
         except ProcessLookupError:
-            return
+            if not strays:
+                return
+        for pid in strays:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
         self._sent.add(signum)
 
     def _forward(self, signum: int) -> None:
@@ -473,6 +481,24 @@ class Supervisor:
             if not _wait_group_gone(pgid, LEFTOVER_SECONDS):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pgid, signal.SIGKILL)
+        strays = _strays(pgid)
+        if strays:  # e.g. the ranks of a torchrun agent that was killed
+            log.warning(
+                "ferry run: %d process(es) of the job outlived the worker outside its group (%s): "
+                "SIGTERM, then SIGKILL after %g s",
+                len(strays),
+                ", ".join(map(str, strays)),
+                LEFTOVER_SECONDS,
+            )
+            for sig, wait in ((signal.SIGTERM, LEFTOVER_SECONDS), (signal.SIGKILL, 1.0)):
+                for pid in strays:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, sig)
+                deadline = time.monotonic() + wait
+                while (strays := _strays(pgid)) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if not strays:
+                    break
 
     def _after_exit(self, returncode: int) -> int | None:
         """The supervisor's exit status, or None to start the worker again."""
@@ -600,7 +626,10 @@ class Supervisor:
 
     @property
     def _handoff_dir(self) -> str:
-        return f"/dev/shm/ferry-{os.getuid()}-{self.job_id}"
+        """Per job directory, not per job id: two jobs may share an id under two FERRY_HOMEs."""
+        assert self.job is not None
+        key = hashlib.sha1(os.path.realpath(self.job.path).encode()).hexdigest()[:16]
+        return f"/dev/shm/ferry-{os.getuid()}-{key}"
 
     def _end(self, state: str, code: int, message: str) -> int:
         assert self.job is not None
@@ -653,6 +682,29 @@ def _group_members(pgid: int) -> list[int]:
         if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] != b"Z":
             members.append(int(name))
     return members
+
+
+def _strays(pgid: int) -> list[int]:
+    """Live processes of this supervisor's job outside the worker's group ``pgid``: every
+    process of the job inherits FERRY_SUPERVISOR_PID from the worker's environment."""
+    if not os.path.isdir("/proc"):
+        return []
+    tag = f"FERRY_SUPERVISOR_PID={os.getpid()}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if tag not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[0] != b"Z" and fields[2] != str(pgid).encode():
+            found.append(int(name))
+    return found
 
 
 def _wait_group_gone(pgid: int, seconds: float) -> bool:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from trainrun import SCRIPTS, env_for
+from trainrun import job_status as status
 
 pytestmark = pytest.mark.integration
 FERRY = str(Path(sys.executable).parent / "ferry")
@@ -291,3 +292,28 @@ def test_bootstrap_reaches_python_m_and_shebang_scripts(style: str, tmp_path: Pa
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "True"
+
+
+def test_killed_torchrun_agent_leaves_no_rank_behind(tmp_path: Path) -> None:
+    """torchrun starts each rank in a session of its own: when the agent is SIGKILLed, ferry
+    run must still end the ranks (found by the FERRY_SUPERVISOR_PID they inherit)."""
+    torchrun = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node", "2"]
+    script = str(SCRIPTS / "zc_ddp.py")
+    job = tmp_path / "home" / "jobs" / "orphans"
+    cmd = [FERRY, "run", "--dir", str(tmp_path / "ck"), "--job-id", "orphans", "--", *torchrun, script,
+           "--out", str(tmp_path / "run"), "--sleep", "0.05", "--epochs", "50"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env_for(tmp_path / "home", OMP_NUM_THREADS="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    log = tmp_path / "run" / "rank1" / "log.txt"
+    deadline = time.monotonic() + 120
+    while not (log.exists() and log.read_text().count("\n") >= 3) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ranks = [_pid_of_rank(script, r) for r in (0, 1)]
+    assert None not in ranks
+    agent = int(status(job)["worker_pid"])
+    os.kill(agent, signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "outlived the worker outside its group" in err
+    assert not any(Path(f"/proc/{pid}").exists() and "zc_ddp" in Path(f"/proc/{pid}/cmdline").read_text()
+                   for pid in ranks if pid is not None)  # fmt: skip

@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "export": "migrate",
     "resume": "migrate",
     "report": "report",
+    "chaos": "chaos",
 }
 """Command name -> the module of ferry.cli that defines it (in its COMMANDS list). Modules
 are imported only when one of their commands is used, so `ferry run` does not import torch."""

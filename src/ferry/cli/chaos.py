@@ -1,0 +1,103 @@
+"""``ferry chaos``: soak a training command under injected faults (see ferry.chaos)."""
+
+from __future__ import annotations
+
+import signal
+
+import click
+
+from ferry.chaos import KINDS, ChaosOptions, Soak, summary_json
+from ferry.cli.run import _env_pairs
+
+
+@click.command(
+    "chaos",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    epilog="""\b
+Exit status:
+  0  every round's outputs equal the uninterrupted run's
+  1  they differ (the summary names the files)
+  2  usage error
+  8  the soak could not run to its end (a `ferry run` failure, the timeout)
+
+\b
+Example:
+  ferry chaos --events 500 --compare out/params.txt --steps out/log.txt \\
+      -- python train.py --out out
+
+The contract with the command and the fault kinds: docs/chaos.md.""",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the faults and pauses.")
+@click.option("--events", type=int, default=30, show_default=True, help="Faults to inject in all.")
+@click.option("--every-steps", type=int, default=5, show_default=True, help="Periodic checkpoint period.")
+@click.option(
+    "--work", metavar="DIR", default="ferry-chaos", show_default=True, help="Working copies, checkpoints."
+)
+@click.option("--compare", multiple=True, metavar="FILE", help="Output file that must be equal (repeatable).")
+@click.option("--steps", multiple=True, metavar="FILE", help="Per-step log, 'STEP ...' lines (repeatable).")
+@click.option(
+    "--kinds",
+    default=",".join(KINDS),
+    show_default=True,
+    help="Comma-separated fault kinds to draw from.",
+)
+@click.option(
+    "--pause",
+    nargs=2,
+    type=float,
+    default=(0.3, 1.5),
+    show_default=True,
+    metavar="MIN MAX",
+    help="Seconds of training between two faults, drawn uniformly.",
+)
+@click.option("--timeout", type=float, default=1800.0, show_default=True, help="Give up after S seconds.")
+@click.option("--duration", type=float, metavar="S", help="Inject faults only during the first S seconds.")
+@click.option(
+    "--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="Set a variable for the command."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def chaos_cmd(
+    ctx: click.Context,
+    seed: int,
+    events: int,
+    every_steps: int,
+    work: str,
+    compare: tuple[str, ...],
+    steps: tuple[str, ...],
+    kinds: str,
+    pause: tuple[float, float],
+    timeout: float,
+    duration: float | None,
+    env_pairs: tuple[str, ...],
+    as_json: bool,
+    command: tuple[str, ...],
+) -> None:
+    """Run COMMAND plainly, then under `ferry run` with seeded faults, and compare.
+
+    ferry chaos [OPTIONS] -- COMMAND [ARGS]...  Checkpoint requests, stops, preemption
+    signals, SIGKILL of the worker and of the supervisor, migrations, a full disk: the
+    final outputs and the per-step record must equal the uninterrupted run's.
+    """
+    options = ChaosOptions(
+        work=work,
+        seed=seed,
+        events=events,
+        every_steps=every_steps,
+        kinds=tuple(k.strip() for k in kinds.split(",") if k.strip()),
+        compare=compare,
+        steps=steps,
+        pause=pause,
+        timeout=timeout,
+        duration=duration,
+        env=_env_pairs(env_pairs),
+    )
+    # SIGTERM unwinds like Ctrl-C, so that the soak kills its jobs and unmounts its tmpfs.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    summary = Soak(command, options, echo=lambda m: click.echo(m, err=True)).run()
+    click.echo(summary_json(summary) if as_json else summary.table())
+    ctx.exit(0 if summary.equal else 1)
+
+
+COMMANDS = [chaos_cmd]
