@@ -34,6 +34,7 @@ from typing import Any
 from ferry.errors import ConfigError, FerryError, JobError
 from ferry.runtime import control
 from ferry.runtime.jobdir import JobDir
+from ferry.runtime.procs import group_members
 
 CHECKPOINT_CODE = 85
 
@@ -195,22 +196,6 @@ def absolute_command(command: Sequence[str]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ processes
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live processes of process group ``pgid`` (from /proc)."""
-    members = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] != b"Z":
-            members.append(int(name))
-    return sorted(members)
 
 
 def _parents() -> dict[int, int]:

@@ -41,6 +41,7 @@ from ferry.autotrack import BOOT_DIR
 from ferry.config import Config
 from ferry.errors import ConfigError
 from ferry.runtime.jobdir import JobDir, write_json_atomic
+from ferry.runtime.procs import group_members, tagged
 from ferry.schedulers import detect as detect_scheduler
 
 log = logging.getLogger("ferry.run")
@@ -668,43 +669,13 @@ def _group_members(pgid: int) -> list[int]:
         return []
     except PermissionError:
         return [pgid]
-    if not os.path.isdir("/proc"):
-        return [pgid]
-    members = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] != b"Z":
-            members.append(int(name))
-    return members
+    return group_members(pgid) if os.path.isdir("/proc") else [pgid]
 
 
 def _strays(pgid: int) -> list[int]:
     """Live processes of this supervisor's job outside the worker's group ``pgid``: every
     process of the job inherits FERRY_SUPERVISOR_PID from the worker's environment."""
-    if not os.path.isdir("/proc"):
-        return []
-    tag = f"FERRY_SUPERVISOR_PID={os.getpid()}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if tag not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and fields[0] != b"Z" and fields[2] != str(pgid).encode():
-            found.append(int(name))
-    return found
+    return tagged(f"FERRY_SUPERVISOR_PID={os.getpid()}", outside_group=pgid)
 
 
 def _wait_group_gone(pgid: int, seconds: float) -> bool:
