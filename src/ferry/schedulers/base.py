@@ -49,5 +49,29 @@ class SchedulerAdapter(Protocol):
         ...
 
 
+class AdapterDefaults:
+    """What an adapter does where its scheduler adds nothing: no job id or restart count of
+    its own, ferry's exit code and settings, no grace check, nothing after a checkpoint.
+    Adapters inherit it and define only what their scheduler changes."""
+
+    def job_id(self) -> str | None:
+        return None
+
+    def restart_count(self) -> int:
+        return 0
+
+    def exit_code(self, default: int) -> int:
+        return default
+
+    def worker_defaults(self) -> dict[str, Any]:
+        return {}
+
+    def after_checkpoint(self, *, step: int | None, code: int, state_dir: str) -> int:
+        return code
+
+    def grace_warning(self, save_seconds: float) -> str | None:
+        return None
+
+
 class Detector(Protocol):
     def __call__(self, env: Mapping[str, str]) -> SchedulerAdapter | None: ...

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ferry.errors import ConfigError
+from ferry.schedulers.base import AdapterDefaults
 
 log = logging.getLogger("ferry.run")
 
@@ -56,7 +57,7 @@ def _literal(raw: str) -> AdValue:
 
 
 @dataclass(frozen=True)
-class HTCondorAdapter:
+class HTCondorAdapter(AdapterDefaults):
     ad: Mapping[str, AdValue] = field(repr=False)
     name: str = "htcondor"
     stop_signal: str = "SIGTERM"
@@ -119,9 +120,6 @@ class HTCondorAdapter:
                 step,
             )
         return code
-
-    def grace_warning(self, save_seconds: float) -> str | None:
-        return None
 
 
 def detect(env: Mapping[str, str]) -> HTCondorAdapter | None:

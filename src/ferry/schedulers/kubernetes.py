@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ferry.schedulers.base import AdapterDefaults
+
 GRACE_ENV = "FERRY_K8S_GRACE_SECONDS"
 SAFETY = 2.0
 """The preStop checkpoint and the stop checkpoint both fit, each at the measured time."""
@@ -41,26 +43,19 @@ def prestop_command(timeout_seconds: int, ferry: str = "ferry") -> list[str]:
 
 
 @dataclass(frozen=True)
-class KubernetesAdapter:
+class KubernetesAdapter(AdapterDefaults):
     grace: float | None
     """The pod's terminationGracePeriodSeconds, when the manifest passed it."""
     name: str = "kubernetes"
     stop_signal: str = "SIGTERM"
+    # job_id(): none of its own; pod names change when a controller replaces a pod, so the
+    # manifests pass --job-id.
 
     def job_id(self) -> str | None:
         return None  # pod names change when a controller replaces a pod: manifests set --job-id
 
-    def restart_count(self) -> int:
-        return 0
-
-    def exit_code(self, default: int) -> int:
-        return default
-
     def worker_defaults(self) -> dict[str, Any]:
         return {"grace_seconds": self.grace} if self.grace else {}
-
-    def after_checkpoint(self, *, step: int | None, code: int, state_dir: str) -> int:
-        return code
 
     def grace_warning(self, save_seconds: float) -> str | None:
         needed = required_grace_seconds(save_seconds)

@@ -27,13 +27,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ferry.schedulers.base import AdapterDefaults
+
 log = logging.getLogger("ferry.run")
 
 DEFAULT_MAX_REQUEUES = 20
 
 
 @dataclass(frozen=True)
-class SlurmAdapter:
+class SlurmAdapter(AdapterDefaults):
     env: Mapping[str, str] = field(repr=False)
     name: str = "slurm"
     stop_signal: str = "SIGUSR1"
@@ -57,15 +59,6 @@ class SlurmAdapter:
             return int(self.env.get("SLURM_RESTART_COUNT") or 0)
         except ValueError:
             return 0
-
-    def exit_code(self, default: int) -> int:
-        return default
-
-    def worker_defaults(self) -> dict[str, Any]:
-        return {}
-
-    def grace_warning(self, save_seconds: float) -> str | None:
-        return None
 
     def after_checkpoint(self, *, step: int | None, code: int, state_dir: str) -> int:
         job, restart = self.slurm_job_id, self.restart_count()
