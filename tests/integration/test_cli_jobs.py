@@ -10,10 +10,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -21,7 +19,8 @@ from click.testing import CliRunner, Result
 from ferry.cli import main
 from ferry.runtime.jobdir import JobDir
 
-from trainrun import SCRIPTS, assert_same, env_for, run
+from trainrun import assert_same, env_for, run, train_command, wait_for
+from trainrun import job_status as status
 
 pytestmark = pytest.mark.integration
 EXIT_CHECKPOINTED = 85
@@ -43,10 +42,6 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return reference_run(tmp_path_factory)
 
 
-def train(out: Path, *args: str) -> list[str]:
-    return [sys.executable, str(SCRIPTS / "train_explicit.py"), "--out", str(out), *args]
-
-
 def start(home: Path, job_id: str, ckpt: Path, command: list[str], *options: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [*FERRY, "run", "--no-autotrack", "--job-id", job_id, "--dir", str(ckpt), *options, "--", *command],
@@ -56,29 +51,6 @@ def start(home: Path, job_id: str, ckpt: Path, command: list[str], *options: str
         text=True,
         start_new_session=True,
     )
-
-
-def status(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads((path / "status.json").read_text())
-    except (FileNotFoundError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
-def wait_for(
-    what: str, predicate: Callable[[], Any], proc: subprocess.Popen[str], timeout: float = 60
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if proc.poll() is not None:
-            raise AssertionError(
-                f"ferry run exited ({proc.returncode}) before {what}:\n{proc.communicate()[1]}"
-            )
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"timed out waiting for {what}:\n{proc.communicate()[1]}")
-        time.sleep(0.05)
 
 
 def training(path: Path, min_step: int = 3) -> Callable[[], bool]:
@@ -93,7 +65,7 @@ def ferry(home: Path, *args: str) -> Result:
 def test_checkpoint_wait_then_stop_then_resume_bitwise(tmp_path: Path, reference: Path) -> None:
     home, ckpt, out = tmp_path / "home", tmp_path / "ck", tmp_path / "run"
     path = home / "jobs" / "j"
-    command = train(out, "--sleep", "0.12")
+    command = train_command(out, "--sleep", "0.12")
     proc = start(home, "j", ckpt, command)
     wait_for("training to reach step 3", training(path), proc)
 
@@ -160,7 +132,7 @@ def as_nobody(home: Path, *argv: str) -> subprocess.CompletedProcess[str]:
 def test_a_request_from_another_user_is_refused(open_home: Path, tmp_path: Path, reference: Path) -> None:
     home, out = open_home, tmp_path / "run"
     path = home / "jobs" / "u"
-    proc = start(home, "u", tmp_path / "ck", train(out, "--sleep", "0.12"))
+    proc = start(home, "u", tmp_path / "ck", train_command(out, "--sleep", "0.12"))
     wait_for("training to reach step 3", training(path), proc)
 
     # The job directory is 0700: the other user's ferry cannot even see the job.

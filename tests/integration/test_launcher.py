@@ -14,7 +14,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -23,7 +22,7 @@ from ferry.cli import main
 from ferry.runtime.control import submit
 from ferry.runtime.jobdir import JobDir
 
-from trainrun import SCRIPTS, assert_same, env_for, run
+from trainrun import SCRIPTS, assert_same, env_for, run, train_command, wait_for
 from trainrun import job_status as status
 
 pytestmark = pytest.mark.integration
@@ -58,25 +57,6 @@ def ferry_run(options: list[str], command: list[str], home: Path) -> subprocess.
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def train(out: Path, *args: str) -> list[str]:
-    return [sys.executable, str(SCRIPTS / "train_explicit.py"), "--out", str(out), *args]
-
-
-def wait_for(
-    what: str, predicate: Callable[[], Any], proc: subprocess.Popen[str], timeout: float = 60
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if proc.poll() is not None:
-            raise AssertionError(
-                f"ferry run exited ({proc.returncode}) before {what}:\n{proc.communicate()[1]}"
-            )
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"timed out waiting for {what}:\n{proc.communicate()[1]}")
-        time.sleep(0.05)
-
-
 def state(pid: int) -> str:
     """A process's state letter: S sleeping, R running, T stopped."""
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -107,7 +87,13 @@ def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCapt
 
 def test_finished_run_exits_0(here: Path, tmp_path: Path, reference: Path) -> None:
     result = invoke(
-        "--no-autotrack", "--job-id", "a", "--dir", str(tmp_path / "ck"), "--", *train(tmp_path / "run")
+        "--no-autotrack",
+        "--job-id",
+        "a",
+        "--dir",
+        str(tmp_path / "ck"),
+        "--",
+        *train_command(tmp_path / "run"),
     )
     assert result.exit_code == 0, result.output
     job = tmp_path / "jobs" / "a"
@@ -127,7 +113,7 @@ def test_finished_run_exits_0(here: Path, tmp_path: Path, reference: Path) -> No
 def test_sigterm_to_the_supervisor_checkpoints_then_resumes_bitwise(tmp_path: Path, reference: Path) -> None:
     options = ["--no-autotrack", "--job-id", "b", "--dir", str(tmp_path / "ck")]
     job = tmp_path / "jobs" / "b"
-    proc = start(options, train(tmp_path / "run", "--sleep", "0.05"), tmp_path)
+    proc = start(options, train_command(tmp_path / "run", "--sleep", "0.05"), tmp_path)
     wait_for("training to reach step 3", training(job), proc)
     assert JobDir(str(job)).is_locked()
     proc.send_signal(signal.SIGTERM)
@@ -138,7 +124,7 @@ def test_sigterm_to_the_supervisor_checkpoints_then_resumes_bitwise(tmp_path: Pa
     assert doc["state"] == "checkpointed" and doc["exit_code"] == EXIT_CHECKPOINTED, doc
     assert not JobDir(str(job)).is_locked()
 
-    again = ferry_run(options, train(tmp_path / "run"), tmp_path)
+    again = ferry_run(options, train_command(tmp_path / "run"), tmp_path)
     assert again.returncode == 0, again.stderr
     assert "ferry: resumed from" in again.stderr
     assert status(job)["state"] == "finished"

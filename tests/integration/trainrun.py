@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +60,24 @@ def job_status(job: Path) -> dict[str, Any]:
     from ferry.runtime.jobdir import JobDir
 
     return JobDir(str(job)).status()
+
+
+def train_command(out: Path, *args: str) -> list[str]:
+    """The explicit-mode training script, as a command line."""
+    return [sys.executable, str(SCRIPTS / "train_explicit.py"), "--out", str(out), *args]
+
+
+def wait_for(
+    what: str, predicate: Callable[[], Any], proc: subprocess.Popen[str], timeout: float = 60
+) -> None:
+    """Poll ``predicate`` while ``ferry run`` (``proc``) lives; fail with its stderr otherwise."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"ferry run exited ({proc.returncode}) before {what}:\n{proc.communicate()[1]}"
+            )
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"timed out waiting for {what}:\n{proc.communicate()[1]}")
+        time.sleep(0.05)
