@@ -19,17 +19,15 @@ import os
 import time
 from typing import Any
 
-import numpy as np
 import xxhash
 
 from ferry.engine import sharded
 from ferry.engine.catalog import apply_retention, split_url
-from ferry.engine.format import _safe_np_dtype as safe_np_dtype
-from ferry.engine.format import flatten, manifest_bytes, torch_dtype, unflatten
+from ferry.engine.format import flatten, manifest_bytes, unflatten
 from ferry.engine.persist import CheckpointInfo, build_manifest, next_name, write_hashed
-from ferry.engine.reader import Loaded, read_file
+from ferry.engine.reader import Loaded, check_part, decode_array, read_file
 from ferry.engine.snapshot import HostBuffer, byte_view, snapshot
-from ferry.errors import CorruptCheckpointError, FerryError, StorageError, UnsafeCheckpointError
+from ferry.errors import CorruptCheckpointError, FerryError, StorageError
 from ferry.runtime.distributed import RankGroup
 from ferry.storage import open_storage, strategy_for
 from ferry.storage.atomic import MANIFEST
@@ -156,15 +154,10 @@ def rank_part(loaded: Loaded, rank: int) -> Any:
         doc = json.loads(read_file(storage, name, key, files[key]).numpy().tobytes())
     except ValueError as exc:
         raise CorruptCheckpointError(f"{loaded.url}/{key} is not valid JSON") from exc
-    data = read_file(storage, name, f"rank-{rank}.bin", files[f"rank-{rank}.bin"])
-    arrays: list[Any] = []
-    for e in doc["tensors"]:
-        start, n = int(e["offset"]), int(e["nbytes"])
-        raw, shape = data[start : start + n], [int(s) for s in e["shape"]]
-        if e.get("kind") == "numpy":
-            arrays.append(np.frombuffer(raw.numpy().tobytes(), safe_np_dtype(e["dtype"])).reshape(shape))
-        elif e.get("kind") == "torch":
-            arrays.append(raw.view(torch_dtype(e["dtype"])).reshape(shape).clone())
-        else:
-            raise UnsafeCheckpointError(f"{loaded.url}/{key}: unknown array kind {e.get('kind')!r}")
+    data_file = f"rank-{rank}.bin"
+    if not isinstance(doc, dict) or data_file not in files:
+        raise CorruptCheckpointError(f"{loaded.url}/{key} is not a rank part of this checkpoint")
+    check_part(doc, {data_file: files[data_file]}, f"{loaded.url}/{key}")
+    data = read_file(storage, name, data_file, files[data_file])
+    arrays = [decode_array(data[e["offset"] : e["offset"] + e["nbytes"]], e) for e in doc["tensors"]]
     return unflatten(doc["tree"], arrays)

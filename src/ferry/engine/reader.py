@@ -319,6 +319,18 @@ def _disjoint(entries: list[dict[str, Any]]) -> bool:
     return all(a[0] != b[0] or a[2] <= b[1] for a, b in itertools.pairwise(ranges))
 
 
+def decode_array(raw: torch.Tensor, entry: dict[str, Any]) -> Any:
+    """A tensor entry (checked by ``_check_shape``) over its bytes ``raw``, without a copy."""
+    if entry["kind"] == "numpy":
+        return raw.numpy().view(_safe_np_dtype(entry["dtype"])).reshape(entry["shape"])
+    return raw.view(torch_dtype(entry["dtype"])).reshape(entry["shape"])
+
+
+def check_part(doc: dict[str, Any], files: dict[str, Any], where: str) -> None:
+    """Check a manifest-like part (a rank's own tree and tensors) as a manifest is checked."""
+    _check_shape({"step": 0, "tree": doc.get("tree"), "files": files, "tensors": doc.get("tensors")}, where)
+
+
 def load_one(
     storage: Storage, name: str, target_device: str | torch.device = "cpu", into: Any = None
 ) -> Loaded:
@@ -346,10 +358,6 @@ def load_one(
             arrays.append(targets[i])
             continue
         buf, at = owners[i]
-        raw = buf[at : at + e["nbytes"]]
-        if e["kind"] == "numpy":
-            arrays.append(raw.numpy().view(_safe_np_dtype(e["dtype"])).reshape(e["shape"]))
-            continue
-        t = raw.view(torch_dtype(e["dtype"])).reshape(e["shape"])
-        arrays.append(t if device.type == "cpu" else t.to(device))
+        value = decode_array(buf[at : at + e["nbytes"]], e)
+        arrays.append(value if e["kind"] == "numpy" or device.type == "cpu" else value.to(device))
     return Loaded(decode_tree(manifest, arrays, where), int(manifest["step"]), where, manifest)
