@@ -84,6 +84,7 @@ class Session(Hooks):
         self.restored_step: int | None = None
         self.extra_files: Any = None  # set by FunctionCheckpoint: () -> dict[name, bytes]
         self._loaded: Loaded | None = None
+        self._load_seconds = 0.0
         self._restore_pending = False
         self._restored = False
         self._stopping = False
@@ -254,7 +255,7 @@ class Session(Hooks):
                 tracker.restore_generators(saved["loaders"][name])
         self.global_step = self._last_step = int(saved["global_step"])
         self._restored, self._restore_pending = True, False
-        seconds = getattr(self, "_load_seconds", 0.0) + time.perf_counter() - t0
+        seconds = self._load_seconds + time.perf_counter() - t0
         log.info(
             "ferry: resumed from %s at step %d (restore %.2f s)", self._loaded.url, self.global_step, seconds
         )
