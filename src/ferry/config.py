@@ -127,5 +127,7 @@ def _parse(name: str, type_: str, raw: str) -> Any:
         if type_.startswith("float"):
             return float(raw)
     except ValueError:
-        raise ConfigError(f"FERRY_{name.upper()}={raw!r} is not a valid {type_}") from None
+        kind = "a whole number" if type_.startswith("int") else "a number"
+        empty = " (or empty, for none)" if "None" in type_ else ""
+        raise ConfigError(f"FERRY_{name.upper()}={raw!r} is not {kind}: set it to {kind}{empty}") from None
     return raw

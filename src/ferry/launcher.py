@@ -222,6 +222,9 @@ class Supervisor:
     def run(self) -> int:
         """Supervise until the job finished, checkpointed or failed; returns the exit status."""
         check_command(self.command, self.options.env.get("PATH", os.environ.get("PATH")))
+        # The worker's FERRY_* settings: a bad one would otherwise surface in the worker, which
+        # would then train unprotected or fail at its first batch.
+        Config.from_env({**self._user_env(), "FERRY_DIR": self.checkpoint_dir})
         self.job = JobDir.create(self.job_id)
         self.job.acquire_lock()
         try:
@@ -239,8 +242,9 @@ class Supervisor:
             self.job.release_lock()
 
     # ------------------------------------------------------------------ the worker
-    def _worker_env(self) -> dict[str, str]:
-        assert self.job is not None
+    def _user_env(self) -> dict[str, str]:
+        """The worker's environment before the supervisor's own settings: ours, the options',
+        ``--env``, a restart request's."""
         o = self.options
         env = dict(os.environ)
         settings = {
@@ -256,6 +260,12 @@ class Supervisor:
                 env.pop(key, None)
             else:
                 env[key] = value
+        return env
+
+    def _worker_env(self) -> dict[str, str]:
+        assert self.job is not None
+        o = self.options
+        env = self._user_env()
         # What the supervisor relies on comes last: nothing overrides it.
         env.update(
             FERRY_JOB_ID=self.job_id,

@@ -255,6 +255,10 @@ def test_commands_that_cannot_run_are_refused(here: Path, tmp_path: Path) -> Non
     assert typo.exit_code == 2 and "an unknown option?" in typo.stderr, typo.output
     bad = invoke("--every-steps", "0", "--", "true")
     assert bad.exit_code == 2 and "every_steps must be >= 1" in bad.stderr, bad.output
+    # A bad FERRY_* setting for the worker is refused before it starts, not in the worker.
+    env = invoke("--job-id", "h", "--env", "FERRY_KEEP_LAST=three", "--", "true")
+    assert env.exit_code == 2 and "FERRY_KEEP_LAST='three' is not a whole number" in env.stderr, env.output
+    assert not (tmp_path / "jobs" / "h").exists()
 
 
 def test_plain_commands_exit_codes_and_failures(here: Path, tmp_path: Path) -> None:

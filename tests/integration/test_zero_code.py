@@ -132,6 +132,23 @@ def test_existing_sitecustomize_keeps_working(tmp_path: Path) -> None:
     assert proc.stdout.split() == ["yes", "True"]
 
 
+def test_a_worker_with_a_bad_ferry_setting_never_trains_unprotected(tmp_path: Path) -> None:
+    """The start-up hook in a worker whose FERRY_* variable is bad (ferry run checks its own;
+    torchrun or a wrapper may change them) ends the process with one line, before the script
+    runs, instead of Python's "Error in sitecustomize" and a run without checkpoints."""
+    from ferry.autotrack import BOOT_DIR
+
+    env = env_for(tmp_path / "home", FERRY_AUTOTRACK="1", PYTHONPATH=BOOT_DIR, FERRY_EVERY_SECONDS="1m")
+    proc = subprocess.run(
+        [sys.executable, "-c", "print('trained')"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and proc.stdout == "", proc
+    assert (
+        proc.stderr
+        == "ferry: error: FERRY_EVERY_SECONDS='1m' is not a number: set it to a number (or empty, for none)\n"
+    )
+
+
 def stop_rank_one_after_10_steps(cmd: list[str], env: dict[str, str], out: Path, script: str) -> None:
     """Run ``cmd`` (ferry run -- torchrun ...) and SIGUSR1 rank 1 alone once rank 0 logged 10
     steps; the whole job must then checkpoint and exit 85."""

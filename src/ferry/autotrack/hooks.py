@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+from ferry.errors import FerryError
 from ferry.runtime.signals import SignalRequests
 
 log = logging.getLogger("ferry")
@@ -75,7 +76,11 @@ def _session() -> Any:
 
     current = session_module.current(create=False)
     if current is None:
-        current = session_module.Session(signals=_early_signals)
+        try:
+            current = session_module.Session(signals=_early_signals)
+        except FerryError as exc:  # the script never called ferry: no traceback into its loop
+            sys.stderr.write(f"ferry: error: {exc}\n")
+            raise SystemExit(1) from None
         current.discover = discover
         session_module._CURRENT = current
     return current

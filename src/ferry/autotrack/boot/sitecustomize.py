@@ -27,7 +27,14 @@ def _arm() -> None:
             from ferry.autotrack.hooks import arm
         except ImportError:  # a Python of the job's process tree without ferry: leave it be
             return
-        arm()
+        try:
+            arm()
+        except Exception as exc:  # e.g. a bad FERRY_* variable: never train unprotected
+            import sys
+
+            sys.stderr.write(f"ferry: error: {exc}\n")
+            sys.stderr.flush()
+            os._exit(2)
 
 
 _chain()
