@@ -462,7 +462,7 @@ class Session(Hooks):
         }
         self.job.record_checkpoint(entry)
         if self.transfer is not None:
-            self.transfer.push(info.url.rstrip("/").rsplit("/", 1)[-1])
+            self._push(info.url.rstrip("/").rsplit("/", 1)[-1], info.step)
         self.job.event("checkpoint", **entry)
         grace = self.config.grace_seconds
         if grace and info.seconds > 0.8 * grace:
@@ -480,6 +480,20 @@ class Session(Hooks):
             self.inbox.respond(r.id, ok=True, step=info.step, url=info.url, seconds=info.seconds)
         if not self._stopping:
             self.job.update_status("running", step=self.global_step)
+
+    def _push(self, name: str, step: int) -> None:
+        """Copy a committed checkpoint to the remote; the outcome lands in the job's events."""
+        assert self.transfer is not None
+        handle = self.transfer.push(name)
+
+        def record(error: BaseException | None, url: str | None) -> None:
+            retried = len(handle.failed)
+            if error is None:
+                self.job.event("remote_copy", step=step, url=url, retried=retried)
+            else:
+                self.job.event("remote_copy_failed", step=step, name=name, retried=retried, error=str(error))
+
+        handle.on_done(record)
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:

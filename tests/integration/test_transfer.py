@@ -182,6 +182,13 @@ def test_s3_server_killed_mid_transfer(tmp_path: Path) -> None:
             handle.result(timeout=120)
         assert "failed 4 times" in str(failed.value), failed.value
         assert time.monotonic() - started >= 0.2 + 0.4 + 0.8 - 0.1  # the backoff was waited out
+        outcome: list[tuple[object, object]] = []  # what the session records in the job's events
+        handle.on_done(lambda error, url: outcome.append((type(error), url)))
+        assert outcome == [(TransferError, None)] and len(handle.failed) == 3, handle.failed
+        # A new node (nothing local) while the remote is down: the listing fails loudly after
+        # its retries, never reads as "no checkpoint there" (which would train from step 0).
+        with pytest.raises(TransferError, match="listing s3://fault/ck failed 4 times"):
+            Transfer(str(tmp_path / "new-node"), policy).fetch_if_missing()
         # The local checkpoint is kept, committed and loadable.
         assert [r.name for r in list_checkpoints(open_storage(local))] == [name]
         assert torch.equal(load(local).state["w"], _state(64)["w"])

@@ -191,7 +191,8 @@ class FsspecStorage:
         return sorted({str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries})
 
     def exists(self, rel: str) -> bool:
-        return bool(self._call("stat", rel, self.fs.exists))
+        # missing=False: a failed call is an error, never "absent" (the server may be down).
+        return bool(self._call("stat", rel, self.fs.exists, missing=False))
 
     def size(self, rel: str) -> int:
         return int(self._call("stat", rel, self.fs.size))

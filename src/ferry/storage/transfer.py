@@ -79,8 +79,9 @@ class TransferPolicy:
             raise ConfigError(f"keep_last must be >= 1 on the remote too, got {self.keep_last}")
 
 
-def retry(what: str, fn: Callable[[], T], policy: TransferPolicy) -> T:
-    """``fn()``, tried ``1 + policy.retries`` times with exponential backoff."""
+def retry(what: str, fn: Callable[[], T], policy: TransferPolicy, failed: list[str] | None = None) -> T:
+    """``fn()``, tried ``1 + policy.retries`` times with exponential backoff; each failed
+    try that is retried is appended to ``failed``."""
     attempts = policy.retries + 1
     for attempt in range(1, attempts + 1):
         try:
@@ -97,6 +98,8 @@ def retry(what: str, fn: Callable[[], T], policy: TransferPolicy) -> T:
                 policy.retries,
                 delay,
             )
+            if failed is not None:
+                failed.append(f"{what}: {exc}")
             time.sleep(delay)
     raise AssertionError("unreachable")
 
@@ -130,26 +133,37 @@ def _whole(storage: Storage, rel: str, size: int) -> bool:
         return False
 
 
-def copy_checkpoint(src: Storage, name: str, dst: Storage, policy: TransferPolicy) -> str:
+def copy_checkpoint(
+    src: Storage, name: str, dst: Storage, policy: TransferPolicy, failed: list[str] | None = None
+) -> str:
     """Copy the committed checkpoint ``name`` from root ``src`` to root ``dst``: data,
-    manifest, commit, each retried. Returns its URL under ``dst``. Idempotent."""
+    manifest, commit, each retried (the tries retried are appended to ``failed``).
+    Returns its URL under ``dst``. Idempotent."""
     from ferry.engine.format import parse_manifest
 
     strategy = strategy_for(dst)
     target = dst.child_url(name)
-    if retry(f"looking for {target}", lambda: strategy.is_committed(dst, name), policy):
+    if retry(f"looking for {target}", lambda: strategy.is_committed(dst, name), policy, failed):
         return target
-    raw = retry(f"reading {src.child_url(name)}", lambda: src.read_bytes(f"{name}/{MANIFEST}"), policy)
+    raw = retry(
+        f"reading {src.child_url(name)}", lambda: src.read_bytes(f"{name}/{MANIFEST}"), policy, failed
+    )
     files: dict[str, dict[str, Any]] = parse_manifest(raw, src.child_url(name))["files"]
     staging = strategy.staging_name(name)
-    retry(f"creating {dst.child_url(staging)}", lambda: dst.makedirs(staging), policy)
+    retry(f"creating {dst.child_url(staging)}", lambda: dst.makedirs(staging), policy, failed)
     for rel, meta in files.items():
         retry(
             f"copying {rel} to {target}",
             lambda rel=rel, meta=meta: _copy_file(src, f"{name}/{rel}", dst, f"{staging}/{rel}", meta),  # type: ignore[misc]
             policy,
+            failed,
         )
-    retry(f"writing the manifest of {target}", lambda: dst.write_bytes(f"{staging}/{MANIFEST}", raw), policy)
+    retry(
+        f"writing the manifest of {target}",
+        lambda: dst.write_bytes(f"{staging}/{MANIFEST}", raw),
+        policy,
+        failed,
+    )
     # Before the commit: every file is there, whole. A remote that lost some of them while it
     # was down (a restarted server) must not get a commit marker over a partial checkpoint.
     missing = [rel for rel, meta in files.items() if not _whole(dst, f"{staging}/{rel}", int(meta["size"]))]
@@ -158,15 +172,17 @@ def copy_checkpoint(src: Storage, name: str, dst: Storage, policy: TransferPolic
             f"{target}: {', '.join(missing)} went missing on the remote during the copy; not committed "
             "(the next checkpoint copies again)"
         )
-    retry(f"committing {target}", lambda: strategy.commit(dst, staging, name), policy)
+    retry(f"committing {target}", lambda: strategy.commit(dst, staging, name), policy, failed)
     return target
 
 
 class TransferHandle:
     """One copy in flight: ``done()``, ``wait()``, ``result()`` (its URL, or its error)."""
 
-    def __init__(self, future: Future[str]) -> None:
+    def __init__(self, future: Future[str], failed: list[str]) -> None:
         self._future = future
+        self.failed = failed
+        """The tries that failed and were retried, so far."""
 
     def done(self) -> bool:
         return self._future.done()
@@ -180,6 +196,20 @@ class TransferHandle:
 
     def result(self, timeout: float | None = None) -> str:
         return self._future.result(timeout)
+
+    def on_done(self, fn: Callable[[BaseException | None, str | None], None]) -> None:
+        """Call ``fn(error, url)`` once the copy ended (now, when it already has), from the
+        thread that ended it; ``failed`` then holds every try that was retried."""
+
+        def call(future: Future[str]) -> None:
+            if future.cancelled():
+                fn(TransferError("not started: the job ended first"), None)
+            elif (error := future.exception()) is not None:
+                fn(error, None)
+            else:
+                fn(None, future.result())
+
+        self._future.add_done_callback(call)
 
 
 class Transfer:
@@ -198,25 +228,29 @@ class Transfer:
     def push(self, name: str) -> TransferHandle:
         """Copy the committed local checkpoint ``name`` to the remote, in the background
         (``sync`` mode: before returning). Failures are logged and kept in the handle."""
-        handle = TransferHandle(self._pool.submit(self._push, name))
+        failed: list[str] = []
+        handle = TransferHandle(self._pool.submit(self._push, name, failed), failed)
         with self._lock:
             self._pending = [h for h in self._pending if not h.done()] + [handle]
         if self.policy.mode == "sync":
             handle.wait()
         return handle
 
-    def _push(self, name: str) -> str:
+    def _push(self, name: str, failed: list[str]) -> str:
         started = time.monotonic()
         try:
             callback = self.policy.callback
             if callback is not None:
                 src_url, root = self.local.child_url(name), self.remote.url
                 retry(
-                    f"the push callback for {src_url}", lambda: callback("push", src_url, root), self.policy
+                    f"the push callback for {src_url}",
+                    lambda: callback("push", src_url, root),
+                    self.policy,
+                    failed,
                 )
                 url = self.remote.child_url(name)
             else:
-                url = copy_checkpoint(self.local, name, self.remote, self.policy)
+                url = copy_checkpoint(self.local, name, self.remote, self.policy, failed)
         except Exception as exc:
             log.error(
                 "ferry: could not copy checkpoint %s to %s: %s. The local copy %s is kept and "
@@ -269,7 +303,7 @@ class Transfer:
             retry(f"the fetch callback from {remote}", lambda: callback("fetch", remote, local), self.policy)
             found = list_checkpoints(self.local)
             return found[-1].url if found else None
-        refs = list_checkpoints(self.remote)
+        refs = retry(f"listing {self.remote.url}", lambda: list_checkpoints(self.remote), self.policy)
         if not refs:
             return None
         newest = refs[-1]
