@@ -1,7 +1,7 @@
 """`ferry chaos`: unmodified training scripts (they never import ferry) under seeded faults -
 checkpoint requests, stops, preemption signals, SIGKILL of the worker and of the supervisor,
-migrations, a full disk for one save - must end with the uninterrupted run's parameters and
-per-step losses, bit for bit."""
+migrations, a full disk for one save, the remote the checkpoints are copied to down for a
+while - must end with the uninterrupted run's parameters and per-step losses, bit for bit."""
 
 from __future__ import annotations
 
@@ -23,14 +23,17 @@ BIN = Path(sys.executable).parent
 # Cheap faults (checkpoint requests, a full disk) are drawn more often than those that
 # restart the worker: each restart costs a torch import, seconds on this machine.
 CHEAP = ["checkpoint"] * 8 + ["disk-full"] * 3
-KINDS = ",".join([*CHEAP, "stop", "preempt", "kill-worker", "kill-supervisor", "migrate"])
-# torchrun: requests, worker (rank) and supervisor kills.
-DDP_KINDS = ",".join([*CHEAP, "stop", "kill-worker", "kill-supervisor"])
+KINDS = ",".join(
+    [*CHEAP, "stop", "preempt", "kill-worker", "kill-supervisor", "migrate", *["remote-down"] * 2]
+)
+# torchrun: requests, worker (rank) and supervisor kills, the remote down (rank 0 copies).
+DDP_KINDS = ",".join([*CHEAP, "stop", "kill-worker", "kill-supervisor", "remote-down"])
 
 
 def soak(tmp: Path, seed: int, kinds: str, args: list[str], command: list[str]) -> dict[str, object]:
     cmd = [str(BIN / "ferry"), "chaos", "--seed", str(seed), "--events", "30", "--work", str(tmp / "w"),
-           "--pause", "0.1", "0.3", "--kinds", kinds, "--json", *args, "--", *command]  # fmt: skip
+           "--pause", "0.1", "0.3", "--outage", "2", "5", "--kinds", kinds,
+           "--env", "AWS_MAX_ATTEMPTS=1", "--json", *args, "--", *command]  # fmt: skip
     proc = subprocess.run(cmd, env=env_for(tmp / "home"), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-6000:]
     summary = json.loads(proc.stdout)
@@ -57,6 +60,12 @@ def test_single_process_soak_equals_uninterrupted(tmp_path: Path) -> None:
     check(summary)
     if os.geteuid() == 0:  # the full disk needs a tmpfs of its own
         assert "disk-full" not in summary["skipped_kinds"]  # type: ignore[operator]
+    # The remote went down while copies were under way, and ferry's retries met it (the S3
+    # client's own retries are off: AWS_MAX_ATTEMPTS=1); every copy the remote lists as
+    # committed was read back whole.
+    assert summary["injected"]["remote-down"] >= 1  # type: ignore[index]
+    assert summary["remote_retries"] > 0, summary  # type: ignore[operator]
+    assert summary["remote_copies"] > 0 and summary["remote_verified"] > 0, summary  # type: ignore[operator]
 
 
 def test_torchrun_two_ranks_soak_equals_uninterrupted(tmp_path: Path) -> None:

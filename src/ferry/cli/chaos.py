@@ -50,6 +50,15 @@ The contract with the command and the fault kinds: docs/chaos.md.""",
     metavar="MIN MAX",
     help="Seconds of training between two faults, drawn uniformly.",
 )
+@click.option(
+    "--outage",
+    nargs=2,
+    type=float,
+    default=(1.0, 8.0),
+    show_default=True,
+    metavar="MIN MAX",
+    help="Seconds a remote-down fault keeps the remote unreachable, drawn uniformly.",
+)
 @click.option("--timeout", type=float, default=1800.0, show_default=True, help="Give up after S seconds.")
 @click.option("--duration", type=float, metavar="S", help="Inject faults only during the first S seconds.")
 @click.option(
@@ -68,6 +77,7 @@ def chaos_cmd(
     steps: tuple[str, ...],
     kinds: str,
     pause: tuple[float, float],
+    outage: tuple[float, float],
     timeout: float,
     duration: float | None,
     env_pairs: tuple[str, ...],
@@ -77,8 +87,9 @@ def chaos_cmd(
     """Run COMMAND plainly, then under `ferry run` with seeded faults, and compare.
 
     ferry chaos [OPTIONS] -- COMMAND [ARGS]...  Checkpoint requests, stops, preemption
-    signals, SIGKILL of the worker and of the supervisor, migrations, a full disk: the
-    final outputs and the per-step record must equal the uninterrupted run's.
+    signals, SIGKILL of the worker and of the supervisor, migrations, a full disk, the
+    remote the checkpoints are copied to going down: the final outputs and the per-step
+    record must equal the uninterrupted run's.
     """
     options = ChaosOptions(
         work=work,
@@ -89,11 +100,13 @@ def chaos_cmd(
         compare=compare,
         steps=steps,
         pause=pause,
+        outage=outage,
         timeout=timeout,
         duration=duration,
         env=_env_pairs(env_pairs),
     )
-    # SIGTERM unwinds like Ctrl-C, so that the soak kills its jobs and unmounts its tmpfs.
+    # SIGTERM unwinds like Ctrl-C, so that the soak kills its jobs, unmounts its tmpfs and
+    # stops its S3 server.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     summary = Soak(command, options, echo=lambda m: click.echo(m, err=True)).run()
     click.echo(summary_json(summary) if as_json else summary.table())

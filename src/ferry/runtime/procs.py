@@ -5,14 +5,14 @@ from __future__ import annotations
 import os
 
 
-def _stat(pid: str) -> tuple[bytes, bytes] | None:
-    """(state, process group) of ``pid``, or None when it is gone."""
+def _stat(pid: str) -> tuple[bytes, bytes, bytes] | None:
+    """(state, parent, process group) of ``pid``, or None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return (fields[0], fields[2]) if len(fields) > 2 else None
+    return (fields[0], fields[1], fields[2]) if len(fields) > 2 else None
 
 
 def _pids() -> list[str]:
@@ -25,8 +25,30 @@ def group_members(pgid: int) -> list[int]:
     found = []
     for pid in _pids():
         stat = _stat(pid)
-        if stat is not None and stat[1] == group and stat[0] != b"Z":
+        if stat is not None and stat[2] == group and stat[0] != b"Z":
             found.append(int(pid))
+    return sorted(found)
+
+
+def parents() -> dict[int, int]:
+    """Every live (non-zombie) process and its parent."""
+    found = {}
+    for pid in _pids():
+        stat = _stat(pid)
+        if stat is not None and stat[0] != b"Z":
+            found[int(pid)] = int(stat[1])
+    return found
+
+
+def descendants(root: int) -> list[int]:
+    """``root`` and its live descendants (a launcher's children may each lead a session of
+    their own, so the process group alone does not hold them)."""
+    tree = parents()
+    found, grew = {root} if root in tree else set(), True
+    while grew:
+        more = {pid for pid, ppid in tree.items() if ppid in found} - found
+        found |= more
+        grew = bool(more)
     return sorted(found)
 
 
@@ -44,6 +66,6 @@ def tagged(tag: str, outside_group: int) -> list[int]:
         except OSError:
             continue
         stat = _stat(pid)
-        if stat is not None and stat[0] != b"Z" and stat[1] != group:
+        if stat is not None and stat[0] != b"Z" and stat[2] != group:
             found.append(int(pid))
     return sorted(found)

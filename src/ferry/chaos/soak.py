@@ -16,9 +16,6 @@ lands on depends on timing, so two runs with one seed differ in detail, never in
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import filecmp
-import json
 import os
 import random
 import shutil
@@ -29,12 +26,15 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from ferry.errors import ConfigError, FerryError, JobError
+from ferry.chaos.faults import DiskFiller, kill_tree, leaves
+from ferry.chaos.outputs import absolute_command, compare_outputs
+from ferry.chaos.remote import S3Remote
+from ferry.chaos.summary import Summary
+from ferry.errors import ConfigError, CorruptCheckpointError, FerryError, JobError
 from ferry.runtime import control
 from ferry.runtime.jobdir import JobDir
-from ferry.runtime.procs import group_members
+from ferry.runtime.procs import descendants, group_members
 
 CHECKPOINT_CODE = 85
 
@@ -46,6 +46,7 @@ KINDS = (
     "kill-supervisor",  # SIGKILL to `ferry run`; the tool kills the orphaned worker, reruns
     "migrate",  # a `restart` control request with another CUDA_VISIBLE_DEVICES
     "disk-full",  # the checkpoint filesystem (a tmpfs) is filled for one save (root only)
+    "remote-down",  # the S3 server the checkpoints are copied to is unreachable for a while
 )
 DEVICE_ASSIGNMENTS = ("0", "1", "0,1", "1,0")
 
@@ -75,6 +76,8 @@ class ChaosOptions:
     """Per-step logs (relative to the working copy): last line per leading step number."""
     pause: tuple[float, float] = (0.3, 1.5)
     """Seconds of the worker running between two faults: drawn uniformly in this range."""
+    outage: tuple[float, float] = (1.0, 8.0)
+    """Seconds a ``remote-down`` fault keeps the remote unreachable: drawn uniformly."""
     timeout: float = 1800.0
     """Give up (ChaosError) after this many seconds."""
     duration: float | None = None
@@ -91,191 +94,9 @@ class ChaosOptions:
             raise ConfigError("nothing to compare: name the outputs with --compare FILE and/or --steps FILE")
         if self.events < 0 or self.every_steps < 1:
             raise ConfigError("--events must be >= 0 and --every-steps >= 1")
-        lo, hi = self.pause
-        if not 0 < lo <= hi:
-            raise ConfigError(f"--pause needs 0 < MIN <= MAX, got {lo} {hi}")
-
-
-@dataclass
-class Summary:
-    seed: int
-    rounds: int = 0
-    injected: Counter[str] = field(default_factory=Counter)
-    skipped_kinds: dict[str, str] = field(default_factory=dict)
-    checkpoints: int = 0
-    checkpoint_failures: int = 0
-    supervisor_runs: int = 0
-    failed_runs: int = 0
-    worker_starts: int = 0
-    steps: int = 0
-    steps_recomputed: int = 0
-    differences: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def equal(self) -> bool:
-        return not self.differences
-
-    def as_dict(self) -> dict[str, Any]:
-        doc = dataclasses.asdict(self)
-        doc["injected"] = dict(sorted(self.injected.items()))
-        doc["events"] = sum(self.injected.values())
-        doc["equal"] = self.equal
-        return doc
-
-    def table(self) -> str:
-        rows = [("seed", str(self.seed)), ("rounds (full runs under chaos)", str(self.rounds))]
-        rows.append(("events injected", str(sum(self.injected.values()))))
-        rows += [(f"  {k}", str(v)) for k, v in sorted(self.injected.items())]
-        rows += [(f"  {k} (skipped)", why) for k, why in self.skipped_kinds.items()]
-        rows += [
-            ("checkpoints committed", str(self.checkpoints)),
-            ("checkpoint saves failed", str(self.checkpoint_failures)),
-            ("`ferry run` invocations", str(self.supervisor_runs)),
-            ("  of which failed after a late fault", str(self.failed_runs)),
-            ("worker starts", str(self.worker_starts)),
-            ("steps per run", str(self.steps)),
-            ("steps lost and recomputed", str(self.steps_recomputed)),
-            ("seconds", f"{self.seconds:.1f}"),
-            ("result", "EQUAL to the uninterrupted run" if self.equal else "DIFFERENT"),
-        ]
-        rows += [("  difference", d) for d in self.differences[:20]]
-        width = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
-
-
-# ------------------------------------------------------------------------------ outputs
-
-
-def step_record(path: str) -> tuple[dict[int, str], int]:
-    """The last line written for each step (lines that start with an integer), and how
-    many step lines there were in all (more than steps: work was recomputed)."""
-    last: dict[int, str] = {}
-    total = 0
-    with open(path, errors="replace") as f:
-        for line in f:
-            key = line.split(" ", 1)[0]
-            if key.isdigit() and line.endswith("\n"):
-                last[int(key)] = line
-                total += 1
-    return last, total
-
-
-def compare_outputs(ref: str, run: str, options: ChaosOptions) -> tuple[list[str], int, int]:
-    """Differences between two working copies; the steps per run and the recomputed ones
-    (from the first --steps log)."""
-    diffs: list[str] = []
-    steps = recomputed = 0
-    for name in options.compare:
-        a, b = os.path.join(ref, name), os.path.join(run, name)
-        if not os.path.isfile(b):
-            diffs.append(f"{name}: missing in the chaos run")
-        elif not filecmp.cmp(a, b, shallow=False):
-            diffs.append(f"{name}: differs")
-    for i, name in enumerate(options.steps):
-        if not os.path.isfile(os.path.join(run, name)):
-            diffs.append(f"{name}: missing in the chaos run")
-            continue
-        want, _ = step_record(os.path.join(ref, name))
-        got, total = step_record(os.path.join(run, name))
-        if i == 0:
-            steps, recomputed = len(got), total - len(got)
-        if set(want) != set(got):
-            diffs.append(f"{name}: steps {len(got)} != reference {len(want)}")
-        bad = [s for s in sorted(want) if s in got and got[s] != want[s]]
-        if bad:
-            diffs.append(f"{name}: {len(bad)} step(s) differ, first: step {bad[0]}")
-    return diffs, steps, recomputed
-
-
-def absolute_command(command: Sequence[str]) -> list[str]:
-    """Arguments that name an existing file or folder here are made absolute, because the
-    command runs in a working copy of its own (``train.py`` keeps working, ``--out out``
-    stays relative to the working copy)."""
-    return [os.path.abspath(a) if not a.startswith("-") and os.path.exists(a) else a for a in command]
-
-
-# ------------------------------------------------------------------------------ processes
-
-
-def _parents() -> dict[int, int]:
-    parents = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat", "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if fields[0] != b"Z":
-                parents[int(name)] = int(fields[1])
-    return parents
-
-
-def process_tree(root: int) -> list[int]:
-    """``root`` and its live descendants. torchrun starts each rank in a session of its own,
-    so the worker's process group alone does not hold them."""
-    parents = _parents()
-    tree, grew = {root} if root in parents else set(), True
-    while grew:
-        more = {pid for pid, ppid in parents.items() if ppid in tree} - tree
-        tree |= more
-        grew = bool(more)
-    return sorted(tree)
-
-
-def kill_tree(root: int, timeout: float = 30.0) -> None:
-    """SIGKILL the worker's process group and every descendant of the worker."""
-    deadline = time.monotonic() + timeout
-    pids = set(process_tree(root)) | set(group_members(root))
-    while pids:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if time.monotonic() > deadline:
-            raise ChaosError(f"processes {sorted(pids)} survive SIGKILL")
-        time.sleep(0.05)
-        parents = _parents()
-        pids = {p for p in pids if p in parents}
-
-
-class DiskFiller:
-    """A small tmpfs of our own holding the checkpoints; ``fill()`` leaves no room on it."""
-
-    def __init__(self, mountpoint: str, size_mb: int = 512) -> None:
-        self.mountpoint = mountpoint
-        self.ballast = os.path.join(mountpoint, ".chaos-ballast")
-        os.makedirs(mountpoint, exist_ok=True)
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", mountpoint],
-            check=True,
-            capture_output=True,
-        )
-
-    @staticmethod
-    def available() -> str | None:
-        """None when usable here, else why not."""
-        if os.geteuid() != 0:
-            return "needs root, to mount a small tmpfs for the checkpoints"
-        if shutil.which("mount") is None:
-            return "no mount command"
-        return None
-
-    def fill(self) -> None:
-        st = os.statvfs(self.mountpoint)
-        with open(self.ballast, "wb") as f, contextlib.suppress(OSError):
-            chunk = b"\0" * (1 << 20)
-            for _ in range(st.f_bavail * st.f_frsize // len(chunk) + 1):
-                f.write(chunk)
-            f.flush()
-
-    def drain(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.ballast)
-
-    def close(self) -> None:
-        self.drain()
-        subprocess.run(["umount", "-l", self.mountpoint], check=False, capture_output=True)
+        for name, (lo, hi) in (("--pause", self.pause), ("--outage", self.outage)):
+            if not 0 < lo <= hi:
+                raise ConfigError(f"{name} needs 0 < MIN <= MAX, got {lo:g} {hi:g}")
 
 
 # ------------------------------------------------------------------------------ the soak
@@ -302,6 +123,7 @@ class Soak:
         self.job_id = f"chaos-{os.getpid()}"
         self.kinds = list(options.kinds)
         self.disk: DiskFiller | None = None
+        self.remote: S3Remote | None = None
         self._sup: subprocess.Popen[bytes] | None = None
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("FERRY_")}
         self.env.update(options.env, FERRY_HOME=os.path.join(self.work, "home"), PYTHONUNBUFFERED="1")
@@ -310,12 +132,16 @@ class Soak:
         started = self._started = time.monotonic()
         self._deadline = started + self.options.timeout
         os.makedirs(self.work, exist_ok=True)
-        if "disk-full" in self.kinds and (why := DiskFiller.available()):
-            self.kinds = [k for k in self.kinds if k != "disk-full"]
-            self.summary.skipped_kinds["disk-full"] = why
+        for kind, why in (("disk-full", DiskFiller.available()), ("remote-down", S3Remote.available())):
+            if kind in self.kinds and why:
+                self.kinds = [k for k in self.kinds if k != kind]
+                self.summary.skipped_kinds[kind] = why
         if not self.kinds and self.options.events:
             raise ChaosError("no fault kind can run here")
         try:
+            if "remote-down" in self.kinds:
+                self.remote = S3Remote(os.path.join(self.work, "s3"))
+                self.summary.remote = True
             ref = self._fresh("ref")
             self.echo(f"ferry chaos: reference run in {ref}")
             proc = subprocess.run(self.command, cwd=ref, env=self.env, timeout=self._left(), check=False)
@@ -325,7 +151,8 @@ class Soak:
                 self.summary.rounds += 1
                 run = self._fresh(f"run-{self.summary.rounds}")
                 self._round(run)
-                diffs, steps, recomputed = compare_outputs(ref, run, self.options)
+                diffs, steps, recomputed = compare_outputs(ref, run, self.options.compare, self.options.steps)
+                diffs += self._check_remote()
                 self.summary.differences += [f"round {self.summary.rounds}: {d}" for d in diffs]
                 self.summary.steps = steps
                 self.summary.steps_recomputed += recomputed
@@ -348,6 +175,10 @@ class Soak:
         if self.disk is not None:
             self.disk.close()
             self.disk = None
+        if self.remote is not None:
+            self.summary.remote_outage_seconds = self.remote.down_seconds
+            self.remote.close()
+            self.remote = None
 
     # -------------------------------------------------------------- one round
     def _fresh(self, name: str) -> str:
@@ -380,10 +211,13 @@ class Soak:
             "--every-steps", str(self.options.every_steps), "--max-failures", str(budget),
             "--restarts", str(budget), "--backoff", "0.1", "--", *self.command,
         ]  # fmt: skip
+        env = dict(self.env)
+        if self.remote is not None:  # each round copies to a prefix of its own
+            env.update(self.remote.env(self._remote_prefix()))
         first_events = len(job.events())
         while True:
             self.summary.supervisor_runs += 1
-            sup = self._sup = subprocess.Popen(cmd, cwd=cwd, env=self.env)
+            sup = self._sup = subprocess.Popen(cmd, cwd=cwd, env=env)
             injected = sum(self.summary.injected.values())
             killed = self._inject_while(sup, job)
             code = sup.wait(self._left())
@@ -401,6 +235,34 @@ class Soak:
         self.summary.checkpoints += counts["checkpoint"]
         self.summary.checkpoint_failures += counts["checkpoint_failed"]
         self.summary.worker_starts += counts["worker_start"]
+        self.summary.remote_copies += counts["remote_copy"]
+        self.summary.remote_copy_failures += counts["remote_copy_failed"]
+        self.summary.remote_retries += sum(
+            int(e.get("retried", 0))
+            for e in events
+            if e.get("event") in ("remote_copy", "remote_copy_failed")
+        )
+
+    def _remote_prefix(self) -> str:
+        return f"{self.job_id}/round-{self.summary.rounds}"
+
+    def _check_remote(self) -> list[str]:
+        """The remote is back up: every checkpoint it lists as committed must read back whole."""
+        if self.remote is None:
+            return []
+        from ferry.engine.catalog import list_checkpoints
+        from ferry.engine.reader import verify
+
+        self.remote.restore()
+        storage = self.remote.storage(self._remote_prefix())
+        diffs = []
+        for ref in list_checkpoints(storage):
+            try:
+                verify(storage, ref.name)
+                self.summary.remote_verified += 1
+            except CorruptCheckpointError as exc:
+                diffs.append(f"the remote lists {ref.name} as committed, but it does not verify: {exc}")
+        return diffs
 
     def _inject_while(self, sup: subprocess.Popen[bytes], job: JobDir) -> bool:
         """Inject faults while `ferry run` lives; True when it was SIGKILLed (then the orphaned
@@ -410,6 +272,8 @@ class Soak:
         while sup.poll() is None:
             self._left()
             time.sleep(0.05)
+            if self.remote is not None:
+                self.remote.tick()
             if not self._injecting():
                 continue
             worker = self._running_worker(job, sup.pid)
@@ -463,13 +327,10 @@ class Soak:
         elif kind == "kill-worker":
             # A training process: the worker, or one rank under a launcher (torchrun). The
             # launcher itself is spared: SIGKILLed, it leaves its ranks running (docs/chaos.md).
-            tree = process_tree(worker)
-            parents = _parents()
-            ranks = [p for p in tree if not any(parents.get(c) == p for c in tree)] or [worker]
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.rng.choice(ranks), signal.SIGKILL)
+                os.kill(self.rng.choice(leaves(worker)), signal.SIGKILL)
         elif kind == "kill-supervisor":
-            tree = process_tree(worker)  # before the supervisor dies and its worker is orphaned
+            tree = descendants(worker)  # before the supervisor dies and its worker is orphaned
             sup.kill()
             sup.wait()
             for pid in tree:
@@ -477,6 +338,10 @@ class Soak:
             return True
         elif kind == "disk-full":
             self._disk_full(job, sup)
+        elif kind == "remote-down":
+            assert self.remote is not None
+            seconds = self.rng.uniform(*self.options.outage)
+            self.remote.outage(seconds)  # back up from _inject_while, while training goes on
         return False
 
     def _disk_full(self, job: JobDir, sup: subprocess.Popen[bytes]) -> None:
@@ -490,7 +355,3 @@ class Soak:
                 control.wait_response(job, rid, timeout=30, alive=lambda: sup.poll() is None)
         finally:
             self.disk.drain()
-
-
-def summary_json(summary: Summary) -> str:
-    return json.dumps(summary.as_dict(), indent=1, sort_keys=True)
