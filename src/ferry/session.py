@@ -128,6 +128,7 @@ class Session(Hooks):
             keep_last=self.config.keep_last,
             keep_every=self.config.keep_every,
             on_commit=self._committed,
+            on_error=self._failed,
         )
         self.transfer: Transfer | None = None  # docs/transfer.md
         if self.config.remote and self.job.writer:
@@ -365,11 +366,16 @@ class Session(Hooks):
         try:
             self._write(blocking=not self.config.async_save)
         except FerryError as exc:
-            log.error("ferry: checkpoint failed: %s", exc)
-            self.job.event("checkpoint_failed", step=self.global_step, error=str(exc))
-            for step in list(self._awaiting):
-                for r in self._awaiting.pop(step):
-                    self.inbox.respond(r.id, ok=False, error=str(exc))
+            self._failed(self.global_step, exc)
+
+    def _failed(self, step: int, exc: Exception) -> None:
+        """The save of ``step`` failed: say so, answer its requests, train on. Called on the
+        training thread, or on the saver's when a background save fails."""
+        log.error("ferry: checkpoint failed: %s", exc)
+        self.job.event("checkpoint_failed", step=step, error=str(exc))
+        for r in self._awaiting.pop(step, []):
+            self.inbox.respond(r.id, ok=False, error=str(exc))
+        if not self._stopping:
             self.job.update_status("running", step=self.global_step)
 
     def _write(self, blocking: bool) -> CheckpointInfo | None:

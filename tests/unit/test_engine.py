@@ -347,6 +347,40 @@ def test_async_error_surfaces_at_wait_and_at_next_save(
     assert steps(str(root)) == [5]
 
 
+def test_async_error_goes_to_on_error_at_once_and_the_next_save_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With on_error (the session's), a background failure is reported from the saver's
+    thread with its own step, and is not raised again: the next save is not skipped."""
+    monkeypatch.setitem(BACKENDS, "failing", FailingStorage)
+    monkeypatch.setattr(FailingStorage, "fail", True)
+    root = tmp_path / "ckpt"
+    errors: list[tuple[int, str, str]] = []
+    saver = AsyncSaver(
+        f"failing://{root}",
+        keep_last=None,
+        on_error=lambda step, exc: errors.append((step, str(exc), threading.current_thread().name)),
+    )
+    try:
+        handle = saver.save({"x": torch.ones(4)}, step=7)
+        with pytest.raises(StorageError):  # the handle itself still tells
+            handle.wait(timeout=60)
+        assert [(s, "simulated failure" in e, t.startswith("ferry-persist")) for s, e, t in errors] == [
+            (7, True, True)
+        ]
+        monkeypatch.setattr(FailingStorage, "fail", False)
+        saver.save({"x": torch.full((4,), 8.0)}, step=8).wait(timeout=60)  # made, not skipped
+        monkeypatch.setattr(FailingStorage, "fail", True)
+        with pytest.raises(StorageError):  # a blocking save's error goes to its caller only
+            saver.save({"x": torch.ones(4)}, step=9, blocking=True)
+        assert len(errors) == 1
+        saver.save({"x": torch.ones(4)}, step=10)
+    finally:
+        saver.close()  # the failure of step 10 went to on_error: close does not raise it
+    assert [s for s, _, _ in errors] == [7, 10]
+    assert steps(str(root)) == [8]
+
+
 def test_async_close_waits_and_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(BACKENDS, "failing", FailingStorage)
     monkeypatch.setattr(FailingStorage, "fail", True)

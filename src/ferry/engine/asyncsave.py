@@ -1,7 +1,9 @@
 """Asynchronous save: block only for the snapshot, persist on one background thread.
 
 At most one save is in flight. A second ``save`` waits for the first (and raises its
-error, if it failed), so host memory never holds more than one snapshot.
+error, if it failed), so host memory never holds more than one snapshot. With ``on_error``,
+a background save's failure is reported there, from the background thread, as soon as it
+happens, and neither the next ``save`` nor ``wait`` raises it again.
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ def _frozen(meta: dict[str, Any] | None) -> dict[str, Any] | None:
 class SaveHandle:
     """The result of an asynchronous save."""
 
-    def __init__(self, future: Future[CheckpointInfo], step: int) -> None:
+    def __init__(self, future: Future[CheckpointInfo], step: int, reported: threading.Event) -> None:
         self._future = future
         self.step = step
+        self.reported = reported
+        """Set once its failure was handed to the saver's ``on_error``."""
 
     def done(self) -> bool:
         return self._future.done()
@@ -55,12 +59,14 @@ class AsyncSaver:
     """Saves to one checkpoint root; reuses its host buffer from save to save."""
 
     def __init__(self, url: str, *, keep_last: int | None = 3, keep_every: int | None = None,
-                 on_commit: Callable[[CheckpointInfo], None] | None = None) -> None:  # fmt: skip
+                 on_commit: Callable[[CheckpointInfo], None] | None = None,
+                 on_error: Callable[[int, Exception], None] | None = None) -> None:  # fmt: skip
         self.url = url
         self.storage: Storage = open_storage(url)
         self.keep_last = keep_last
         self.keep_every = keep_every
         self.on_commit = on_commit
+        self.on_error = on_error
         self._buffer = HostBuffer()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ferry-persist")
         self._inflight: SaveHandle | None = None
@@ -78,27 +84,48 @@ class AsyncSaver:
             host, size = snapshot(flat, self._buffer)
             blocked = time.perf_counter() - t0
             view = byte_view(host)
+            # A blocking save's error goes to its caller; a background one's to on_error.
+            report = None if blocking else self.on_error
+            reported = threading.Event()
 
             def work() -> CheckpointInfo:
-                name = persist(self.storage, flat, view, step, meta=meta, extra_files=extra_files)
-                if self.keep_last:
-                    apply_retention(self.storage, self.keep_last, self.keep_every)
+                try:
+                    name = persist(self.storage, flat, view, step, meta=meta, extra_files=extra_files)
+                    if self.keep_last:
+                        apply_retention(self.storage, self.keep_last, self.keep_every)
+                except Exception as exc:
+                    if report is not None:
+                        report(step, exc)
+                        reported.set()
+                    raise
                 info = CheckpointInfo(self.storage.child_url(name), step, size,
                                       time.perf_counter() - t0, blocked)  # fmt: skip
                 if self.on_commit is not None:
                     self.on_commit(info)
                 return info
 
-            handle = SaveHandle(self._pool.submit(work), step)
+            handle = SaveHandle(self._pool.submit(work), step, reported)
             self._inflight = handle
         if blocking:
-            handle.wait()
+            try:
+                handle.wait()
+            finally:  # its caller has the outcome: the next save must not raise it again
+                with self._lock:
+                    if self._inflight is handle:
+                        self._inflight = None
         return handle
 
     def wait(self) -> CheckpointInfo | None:
-        """Wait for the save in flight, if any; raises its error."""
+        """Wait for the save in flight, if any; raises its error (unless ``on_error`` had it)."""
         handle, self._inflight = self._inflight, None
-        return handle.wait() if handle is not None else None
+        if handle is None:
+            return None
+        try:
+            return handle.wait()
+        except Exception:
+            if handle.reported.is_set():
+                return None
+            raise
 
     def close(self) -> None:
         try:
