@@ -308,7 +308,9 @@ class Soak:
         pid = status.get("worker_pid")
         if status.get("supervisor_pid") != supervisor or not isinstance(pid, int):
             return None
-        if status.get("state") not in ("running", "resumed", "checkpointing", "checkpointed"):
+        # Not "checkpointed": that worker committed its stop and is on its way out (it may wait
+        # for copies to the remote); a fault meant for a training worker would miss.
+        if status.get("state") not in ("running", "resumed", "checkpointing"):
             return None
         if float(status.get("updated", 0)) < float(status.get("worker_started", 0) or 0):
             return None
