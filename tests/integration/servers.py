@@ -19,7 +19,6 @@ import pwd
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -27,6 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from ferry.chaos.remote import start_moto
+from ferry.runtime.procs import stop_process
 
 START_TIMEOUT = 30.0
 
@@ -74,19 +76,9 @@ def _wait_for_line(proc: subprocess.Popen[bytes], log: Path, pattern: str, what:
         if proc.poll() is not None:
             break
         time.sleep(0.05)
-    _stop(proc)
+    stop_process(proc)
     tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
     raise RuntimeError(f"{what} did not start (exit code {proc.returncode}); its log ends:\n{tail}")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 # ------------------------------------------------------------------------------------ S3
@@ -97,25 +89,16 @@ def s3_server() -> Iterator[S3Server]:
     if importlib.util.find_spec("moto") is None or importlib.util.find_spec("s3fs") is None:
         pytest.skip("S3 tests need moto[server] and s3fs: pip install -e '.[test]'")
     workdir = Path(tempfile.mkdtemp(prefix="ferry-moto-"))
-    log = workdir / "moto.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=workdir,
-        )
+    proc, url = start_moto(str(workdir))
     try:
-        m = _wait_for_line(proc, log, r"Running on (http://127\.0\.0\.1:\d+)", "moto_server")
-        server = S3Server(endpoint_url=m[1], bucket="ferry-test")
+        server = S3Server(endpoint_url=url, bucket="ferry-test")
         import s3fs
 
         s3fs.S3FileSystem(**server.storage_options).mkdir(server.bucket)
         s3fs.S3FileSystem.clear_instance_cache()
         yield server
     finally:
-        _stop(proc)
+        stop_process(proc)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -199,11 +182,11 @@ def xrootd_server() -> Iterator[XRootDServer]:
     try:
         m = _wait_for_line(proc, log, r":(\d+) initialization (completed|failed)", "xrootd")
         if m[2] != "completed":
-            _stop(proc)
+            stop_process(proc)
             raise RuntimeError(f"xrootd failed to start; see {log}:\n{log.read_text()[-3000:]}")
         yield XRootDServer(url=f"root://127.0.0.1:{m[1]}/", export=export)
     finally:
-        _stop(proc)
+        stop_process(proc)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from ferry.runtime.procs import stop_process
+
 NODE = "ferrynode"
 START_TIMEOUT = 30.0
 CRED_EXPIRE = 5
@@ -235,13 +237,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
                 timeout=10,
             )
         for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_process(proc)
         if not os.environ.get("FERRY_KEEP_SLURM"):
             shutil.rmtree(base, ignore_errors=True)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -18,11 +17,13 @@ import pytest
 import torch
 from reference import reference
 
+from ferry.chaos.remote import start_moto
 from ferry.engine import list_checkpoints, load, save
+from ferry.runtime.procs import stop_process
 from ferry.storage import Storage, open_storage
 from ferry.storage.transfer import Transfer, TransferError, TransferPolicy, copy_checkpoint
 
-from servers import S3Server, XRootDServer, _stop, _wait_for_line
+from servers import S3Server, XRootDServer, _wait_for_line
 from trainrun import assert_same, env_for, run
 
 __all__ = ["reference"]
@@ -133,19 +134,8 @@ def test_shared_fs_callback_both_ways_and_sync_mode(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ faults
 
 
-def _moto(port: int = 0) -> tuple[subprocess.Popen[bytes], str, Path]:
-    workdir = Path(tempfile.mkdtemp(prefix="ferry-moto-fault-"))
-    log = workdir / "moto.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=workdir,
-        )
-    m = _wait_for_line(proc, log, r"Running on (http://127\.0\.0\.1:\d+)", "moto_server")
-    return proc, m[1], workdir
+def _moto(port: int = 0) -> tuple[subprocess.Popen[bytes], str]:
+    return start_moto(tempfile.mkdtemp(prefix="ferry-moto-fault-"), port)
 
 
 # s3fs's file object, aborted while the server is down, retries its flush at garbage
@@ -155,7 +145,7 @@ def test_s3_server_killed_mid_transfer(tmp_path: Path) -> None:
     pytest.importorskip("moto")
     s3fs = pytest.importorskip("s3fs")
     boto3 = pytest.importorskip("boto3")
-    proc, endpoint, _ = _moto()
+    proc, endpoint = _moto()
     options: dict[str, object] = {"endpoint_url": endpoint, "key": "k", "secret": "s"}
     # ferry's retries are under test: no retries underneath them, and refused connections fail fast.
     options.update(config_kwargs={"retries": {"max_attempts": 1}, "connect_timeout": 2})
@@ -195,7 +185,7 @@ def test_s3_server_killed_mid_transfer(tmp_path: Path) -> None:
         # The server back (empty, as moto restarts): the next push copies it whole, and the
         # remote lists nothing but committed, complete checkpoints.
         port = int(endpoint.rsplit(":", 1)[1])
-        proc, endpoint, _ = _moto(port)
+        proc, endpoint = _moto(port)
         s3fs.S3FileSystem.clear_instance_cache()
         s3fs.S3FileSystem(**options).mkdir("fault")
         assert transfer.push(name).result(timeout=120).endswith(name)
@@ -203,7 +193,7 @@ def test_s3_server_killed_mid_transfer(tmp_path: Path) -> None:
         assert [r.name for r in list_checkpoints(remote)] == [name]
         assert torch.equal(load_from(remote, name), _state(64)["w"])
     finally:
-        _stop(proc)
+        stop_process(proc)
         s3fs.S3FileSystem.clear_instance_cache()
 
 
@@ -279,4 +269,4 @@ def test_xrootd_server_killed_mid_transfer_never_commits_a_partial_checkpoint(
         fetched = node2.fetch_if_missing()
         assert fetched is not None and torch.equal(load(fetched).state["w"], _state(64)["w"])
     finally:
-        _stop(proc)
+        stop_process(proc)

@@ -24,11 +24,40 @@ import time
 from typing import Any
 
 from ferry.errors import JobError
+from ferry.runtime.procs import stop_process
 from ferry.storage import Storage, open_storage
 
 BUCKET = "ferry-chaos"
 KEY, SECRET, REGION = "ferry-chaos-key", "ferry-chaos-secret", "us-east-1"
 START_TIMEOUT = 30.0
+
+
+def start_moto(workdir: str, port: int = 0) -> tuple[subprocess.Popen[bytes], str]:
+    """moto's S3 server in a process of its own on 127.0.0.1:``port`` (0: a free one), its
+    log in ``workdir/moto.log``. Returns the process and the server's URL once it serves;
+    JobError with the log's tail when it does not start."""
+    os.makedirs(workdir, exist_ok=True)
+    log_path = os.path.join(workdir, "moto.log")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=workdir,
+        )
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        with open(log_path, errors="replace") as f:
+            if m := re.search(r"Running on (http://127\.0\.0\.1:\d+)", f.read()):
+                return proc, m[1]
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    stop_process(proc)
+    with open(log_path, errors="replace") as f:
+        tail = f.read()[-2000:]
+    raise JobError(f"moto's S3 server did not start (exit code {proc.returncode}); its log ends:\n{tail}")
 
 
 class Relay:
@@ -136,24 +165,14 @@ class S3Remote:
     """moto's S3 server in a process of its own, behind a :class:`Relay`."""
 
     def __init__(self, workdir: str) -> None:
-        os.makedirs(workdir, exist_ok=True)
-        self._log_path = os.path.join(workdir, "moto.log")
-        with open(self._log_path, "wb") as log:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=workdir,
-            )
+        self._up_at: float | None = None
+        self._down_since: float | None = None
+        self.down_seconds = 0.0
+        """Seconds the remote was unreachable, in all."""
+        self._proc, self.server_url = start_moto(workdir)
         try:
-            self.server_url = self._wait_for_port()
             host, port = self.server_url.rsplit("//", 1)[1].split(":")
             self.relay = Relay((host, int(port)))
-            self._up_at: float | None = None
-            self._down_since: float | None = None
-            self.down_seconds = 0.0
-            """Seconds the remote was unreachable, in all."""
             import s3fs
 
             s3fs.S3FileSystem(endpoint_url=self.server_url, key=KEY, secret=SECRET).mkdir(BUCKET)
@@ -168,19 +187,6 @@ class S3Remote:
         if missing:
             return f"needs moto[server] and s3fs (no {', '.join(missing)}): pip install 'moto[server]' s3fs"
         return None
-
-    def _wait_for_port(self) -> str:
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            with open(self._log_path, errors="replace") as f:
-                if m := re.search(r"Running on (http://127\.0\.0\.1:\d+)", f.read()):
-                    return m[1]
-            if self._proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        with open(self._log_path, errors="replace") as f:
-            tail = f.read()[-2000:]
-        raise JobError(f"the S3 server for remote-down did not start; its log ends:\n{tail}")
 
     # ---------------------------------------------------------------- the job's side
     def env(self, prefix: str) -> dict[str, str]:
@@ -221,13 +227,7 @@ class S3Remote:
         self.relay.up()
 
     def close(self) -> None:
-        relay = getattr(self, "relay", None)
+        relay = getattr(self, "relay", None)  # None when __init__ failed before it
         if relay is not None:
             relay.down()
-        if self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        stop_process(self._proc)

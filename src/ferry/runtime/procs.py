@@ -1,8 +1,10 @@
-"""What /proc says about processes: their group, whether they are alive, their environment."""
+"""What /proc says about processes: their group, whether they are alive, their environment;
+and stopping a child process."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 
 
 def _stat(pid: str) -> tuple[bytes, bytes, bytes] | None:
@@ -69,3 +71,14 @@ def tagged(tag: str, outside_group: int) -> list[int]:
         if stat is not None and stat[0] != b"Z" and stat[2] != group:
             found.append(int(pid))
     return sorted(found)
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGTERM a child, SIGKILL it after ``timeout`` seconds; returns once it is gone."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
