@@ -189,6 +189,32 @@ def interrupted(cache: dict[Shape, Interrupted], shape: Shape, tmp: Path) -> Int
     return cache[shape]
 
 
+def resumed(
+    shape: Shape, log: Path, position: dict[str, Any], rng: dict[str, Any], lazy: bool = True
+) -> tuple[DataLoader[torch.Tensor], LoaderTracker, Recorder]:
+    """The fresh process: different seeds, a new loader, a new tracker, resuming at
+    ``position``. ``lazy``: as ``ferry.track(loader=..., model=...)``, the state restored at
+    the restore point; else as ``ferry.restore()`` before the loop, state first, the loader
+    at its next ``iter()``."""
+    seed_all(OTHER_SEED)
+    loader = shape.loader(log, OTHER_GEN_SEED)
+
+    def restore_session_state(tracker: LoaderTracker) -> None:
+        GlobalRNG().load_state_dict(rng)
+        tracker.restore_generators(position)
+
+    if lazy:
+        hooks = Recorder(restore=restore_session_state)
+        tracker = track_loader("loader", loader, hooks)
+        tracker.resume_at, tracker.restore_pending = position, True
+    else:
+        hooks = Recorder()
+        tracker = track_loader("loader", loader, hooks)
+        restore_session_state(tracker)
+        tracker.resume_at, tracker.relative = position, True
+    return loader, tracker, hooks
+
+
 @pytest.mark.parametrize(("shape", "mode", "k_name"), resume_cases())
 def test_resume_yields_exactly_the_rest_and_loads_nothing_skipped(
     shape: Shape, mode: str, k_name: str, tmp_path: Path, interrupted_runs: dict[Shape, Interrupted]
@@ -200,24 +226,8 @@ def test_resume_yields_exactly_the_rest_and_loads_nothing_skipped(
     position, rng = run.positions[k]
     assert (position["epoch"], position["batches"]) == (0, k)
 
-    # the fresh process: different seeds, a new loader, a new tracker
-    seed_all(OTHER_SEED)
     log = tmp_path / "resumed.log"
-    loader = shape.loader(log, OTHER_GEN_SEED)
-
-    def restore_session_state(tracker: LoaderTracker) -> None:
-        GlobalRNG().load_state_dict(rng)
-        tracker.restore_generators(position)
-
-    if mode == "lazy":  # ferry.track(loader=..., model=...): restored at the restore point
-        hooks = Recorder(restore=restore_session_state)
-        tracker = track_loader("loader", loader, hooks)
-        tracker.resume_at, tracker.restore_pending = position, True
-    else:  # ferry.restore() before the loop: state first, the loader at its next iter()
-        hooks = Recorder()
-        tracker = track_loader("loader", loader, hooks)
-        restore_session_state(tracker)
-        tracker.resume_at, tracker.relative = position, True
+    loader, tracker, hooks = resumed(shape, log, position, rng, lazy=mode == "lazy")
 
     rest = ids(loader)
     rest_loaded, events = loaded(log), list(hooks.events)
@@ -275,17 +285,8 @@ def test_completed_epochs_are_fast_forwarded_without_loading(shape: Shape, tmp_p
     del it, loader
     untrack_all()
 
-    seed_all(OTHER_SEED)
     log = tmp_path / "resumed.log"
-    loader = shape.loader(log, OTHER_GEN_SEED)
-
-    def restore_session_state(t: LoaderTracker) -> None:
-        GlobalRNG().load_state_dict(rng)
-        t.restore_generators(position)
-
-    hooks = Recorder(restore=restore_session_state)
-    tracker = track_loader("loader", loader, hooks)
-    tracker.resume_at, tracker.restore_pending = position, True
+    loader, tracker, hooks = resumed(shape, log, position, rng)
     skipped = [ids(loader), ids(loader)]
     skipped_loaded, events = loaded(log), list(hooks.events)
     rest = ids(loader)
@@ -321,17 +322,8 @@ def test_a_step_loop_jumps_straight_to_the_saved_position(shape: Shape, tmp_path
     del it, loader
     untrack_all()
 
-    seed_all(OTHER_SEED)
     log = tmp_path / "resumed.log"
-    loader = shape.loader(log, OTHER_GEN_SEED)
-
-    def restore_session_state(t: LoaderTracker) -> None:
-        GlobalRNG().load_state_dict(rng)
-        t.restore_generators(position)
-
-    hooks = Recorder(restore=restore_session_state)
-    tracker = track_loader("loader", loader, hooks)
-    tracker.resume_at, tracker.restore_pending = position, True
+    loader, tracker, hooks = resumed(shape, log, position, rng)
     expected = reference[2][2:] + reference[3]
     got: list[list[int]] = []
     it = iter(loader)
