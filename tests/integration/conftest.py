@@ -1,4 +1,5 @@
-"""Integration fixtures: real servers (see servers.py) and a checkpoint root on every backend."""
+"""Integration fixtures: real servers (see servers.py), a checkpoint root on every backend, and
+the shared uninterrupted reference run (reference.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from reference import reference
 from servers import S3Server, XRootDServer, s3_server, xrootd_server
 
-__all__ = ["s3_server", "xrootd_server"]
+__all__ = ["reference", "s3_server", "xrootd_server"]
 
 BACKENDS = ["local", "memory", "s3", "xrootd"]
 

@@ -19,27 +19,12 @@ from click.testing import CliRunner, Result
 from ferry.cli import main
 from ferry.runtime.jobdir import JobDir
 
-from trainrun import assert_same, env_for, run, train_command, wait_for
+from trainrun import assert_same, env_for, train_command, wait_for
 from trainrun import job_status as status
 
 pytestmark = pytest.mark.integration
 EXIT_CHECKPOINTED = 85
 FERRY = [sys.executable, "-c", "from ferry.cli import main; main()"]
-
-
-def reference_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """train_explicit.py's defaults, uninterrupted and without ferry run; made once a session
-    (test_cli_migrate.py uses it too)."""
-    tmp = tmp_path_factory.getbasetemp() / "cli-reference"
-    if not (tmp / "run" / "params.txt").is_file():
-        proc = run("train_explicit.py", tmp / "run", [], env_for(tmp / "home", FERRY_DIR=str(tmp / "ck")))
-        assert proc.returncode == 0, proc.stderr
-    return tmp / "run"
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return reference_run(tmp_path_factory)
 
 
 def start(home: Path, job_id: str, ckpt: Path, command: list[str], *options: str) -> subprocess.Popen[str]:
@@ -132,7 +117,11 @@ def as_nobody(home: Path, *argv: str) -> subprocess.CompletedProcess[str]:
 def test_a_request_from_another_user_is_refused(open_home: Path, tmp_path: Path, reference: Path) -> None:
     home, out = open_home, tmp_path / "run"
     path = home / "jobs" / "u"
-    proc = start(home, "u", tmp_path / "ck", train_command(out, "--sleep", "0.12"))
+    # Training holds at the end of step 5 until the test has planted its request, so the
+    # next safe point sees it however slow this machine is.
+    release = tmp_path / "planted"
+    command = train_command(out, "--sleep", "0.05", "--hold-at", "5", "--release", str(release))
+    proc = start(home, "u", tmp_path / "ck", command)
     wait_for("training to reach step 3", training(path), proc)
 
     # The job directory is 0700: the other user's ferry cannot even see the job.
@@ -153,6 +142,7 @@ def test_a_request_from_another_user_is_refused(open_home: Path, tmp_path: Path,
     )  # fmt: skip
     assert planted.returncode == 0, planted.stderr
     rid = planted.stdout.strip()
+    release.touch()
     answer = path / "control" / f"resp-{rid}.json"
     wait_for("the worker's answer", answer.exists, proc)
     doc = json.loads(answer.read_text())

@@ -14,22 +14,17 @@ import zlib
 from pathlib import Path
 
 import pytest
-from test_cli_jobs import FERRY, ferry, reference_run, start, status, training, wait_for
 
 from ferry.engine import list_checkpoints, verify
 from ferry.ops.migrate import copy_checkpoint, prepare_resume
 from ferry.runtime.jobdir import JobDir
 from ferry.storage import open_storage
 
+from test_cli_jobs import FERRY, ferry, start, status, training, wait_for
 from trainrun import SCRIPTS, assert_same, env_for
 
 pytestmark = pytest.mark.integration
 EXIT_CHECKPOINTED = 85
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return reference_run(tmp_path_factory)
 
 
 def recording(seen: Path, out: Path) -> list[str]:

@@ -15,6 +15,7 @@ import pytest
 from ferry.runtime.control import submit
 from ferry.runtime.jobdir import JobDir
 
+from reference import reference_run
 from trainrun import assert_same, env_for, run
 
 pytestmark = pytest.mark.integration
@@ -50,21 +51,11 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def references(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, ...], Path]:
-    return {}
-
-
-def reference(refs: dict[tuple[str, ...], Path], tmp: Path, args: list[str]) -> Path:
+def reference_for(factory: pytest.TempPathFactory, args: list[str]) -> Path:
+    """The uninterrupted run of these training arguments (pacing and ballast left out: they
+    do not change the results)."""
     key = tuple(a for a in args if a not in ("--sleep", "0.03") and not a.startswith("--state"))
-    if key not in refs:
-        out = tmp / f"ref-{len(refs)}"
-        proc = run(
-            SCRIPT, out, list(key), env_for(tmp / "home-ref", FERRY_DIR=str(tmp / f"ck-ref-{len(refs)}"))
-        )
-        assert proc.returncode == 0, proc.stderr
-        refs[key] = out
-    return refs[key]
+    return reference_run(factory, SCRIPT, key)
 
 
 @pytest.mark.parametrize(("case", "args", "interrupt", "extra"), CASES, ids=[c[0] for c in CASES])
@@ -74,9 +65,9 @@ def test_interrupted_run_resumes_bitwise(
     interrupt: list[str],
     extra: dict[str, str],
     tmp_path: Path,
-    references: dict[tuple[str, ...], Path],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    ref = reference(references, tmp_path.parent, [a for a in args if a not in ("--state-mb", "16")])
+    ref = reference_for(tmp_path_factory, [a for a in args if a not in ("--state-mb", "16")])
     env = env_for(tmp_path / "home", FERRY_DIR=str(tmp_path / "ck"), **extra)
     first = run(SCRIPT, tmp_path / "run", args + interrupt, env, new_session=True)
     crashed = "--kill-at" in interrupt
@@ -91,8 +82,8 @@ def test_interrupted_run_resumes_bitwise(
     assert_same(ref, tmp_path / "run")
 
 
-def test_two_interruptions_in_a_row(tmp_path: Path, references: dict[tuple[str, ...], Path]) -> None:
-    ref = reference(references, tmp_path.parent, [])
+def test_two_interruptions_in_a_row(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    ref = reference_for(tmp_path_factory, [])
     env = env_for(tmp_path / "home", FERRY_DIR=str(tmp_path / "ck"))
     assert run(SCRIPT, tmp_path / "run", ["--signal-at", "7"], env).returncode == EXIT_CHECKPOINTED
     assert run(SCRIPT, tmp_path / "run", ["--signal-at", "26"], env).returncode == EXIT_CHECKPOINTED
@@ -101,11 +92,11 @@ def test_two_interruptions_in_a_row(tmp_path: Path, references: dict[tuple[str, 
 
 
 def test_external_request_through_the_control_channel(
-    tmp_path: Path, references: dict[tuple[str, ...], Path]
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """A controller drops a stop request into the job directory; the worker obeys at the next
     safe point, answers with the committed checkpoint, and exits 85."""
-    ref = reference(references, tmp_path.parent, [])
+    ref = reference_for(tmp_path_factory, [])
     job_dir = tmp_path / "job"
     env = env_for(tmp_path / "home", FERRY_DIR=str(tmp_path / "ck"), FERRY_JOB_DIR=str(job_dir))
     cmd = run.__globals__["sys"].executable

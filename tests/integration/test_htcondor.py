@@ -18,12 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reference import reference
 
 from trainrun import SCRIPTS, assert_same, env_for
 from trainrun import job_status as status
-
-__all__ = ["reference"]
 
 pytestmark = pytest.mark.integration
 FERRY_RUN = [sys.executable, "-c", "from ferry.cli import main; main()", "run", "--no-autotrack"]

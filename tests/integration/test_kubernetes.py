@@ -13,15 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reference import reference
 
 from ferry.schedulers import kubernetes as k8s
 from ferry.schedulers.templates import EXAMPLES
 
 from trainrun import SCRIPTS, assert_same, env_for, run
 from trainrun import job_status as status
-
-__all__ = ["reference"]
 
 pytestmark = pytest.mark.integration
 FERRY = [sys.executable, "-c", "from ferry.cli import main; main()"]

@@ -22,21 +22,12 @@ from ferry.cli import main
 from ferry.runtime.control import submit
 from ferry.runtime.jobdir import JobDir
 
-from trainrun import SCRIPTS, assert_same, env_for, run, train_command, wait_for
+from trainrun import SCRIPTS, assert_same, env_for, train_command, wait_for
 from trainrun import job_status as status
 
 pytestmark = pytest.mark.integration
 EXIT_CHECKPOINTED = 85
 FERRY = [sys.executable, "-c", "from ferry.cli import main; main()", "run"]
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """train_explicit.py's defaults, uninterrupted and without ferry run."""
-    tmp = tmp_path_factory.mktemp("reference")
-    proc = run("train_explicit.py", tmp / "run", [], env_for(tmp / "home", FERRY_DIR=str(tmp / "ck")))
-    assert proc.returncode == 0, proc.stderr
-    return tmp / "run"
 
 
 def start(options: list[str], command: list[str], home: Path) -> subprocess.Popen[str]:

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reference import reference
 from slurm_cluster import SlurmCluster, slurm
 
 from ferry.schedulers.slurm import SbatchSpec, sbatch_script
@@ -25,7 +24,7 @@ from ferry.schedulers.slurm import SbatchSpec, sbatch_script
 from trainrun import SCRIPTS, assert_same, env_for
 from trainrun import job_status as status
 
-__all__ = ["reference", "slurm"]
+__all__ = ["slurm"]
 
 pytestmark = pytest.mark.integration
 FERRY = [sys.executable, "-c", "from ferry.cli import main; main()"]

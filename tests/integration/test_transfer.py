@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from reference import reference
 
 from ferry.chaos.remote import start_moto
 from ferry.engine import list_checkpoints, load, save
@@ -25,8 +24,6 @@ from ferry.storage.transfer import Transfer, TransferError, TransferPolicy, copy
 
 from servers import S3Server, XRootDServer, _wait_for_line
 from trainrun import assert_same, env_for, run
-
-__all__ = ["reference"]
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trainrun import SCRIPTS, env_for
+from trainrun import SCRIPTS, env_for, run
 from trainrun import job_status as status
 
 pytestmark = pytest.mark.integration
@@ -21,13 +21,8 @@ FERRY = str(Path(sys.executable).parent / "ferry")
 
 
 def plain(script: str, out: Path, args: list[str], home: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPTS / script), "--out", str(out), *args],
-        env=env_for(home),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    """The uninterrupted run, plain python without ferry (forked: see forkserver.py)."""
+    proc = run(script, out, args, env_for(home))
     assert proc.returncode == 0, proc.stderr
 
 

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from forked import run_forked
+
 SCRIPTS = Path(__file__).parent / "scripts"
 REPO = Path(__file__).parents[2]
 
@@ -29,10 +31,10 @@ def run(
     timeout: float = 180,
     new_session: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, str(SCRIPTS / script), "--out", str(out), *args]
-    return subprocess.run(
-        cmd, env=env, capture_output=True, text=True, timeout=timeout, start_new_session=new_session
-    )
+    """Run a training script to its end, as a child of the fork server (forkserver.py):
+    a real process with real signals and exit codes, minus the interpreter start-up."""
+    argv = [str(SCRIPTS / script), "--out", str(out), *args]
+    return run_forked(argv, env, timeout=timeout, new_session=new_session)
 
 
 def outputs(out: Path) -> dict[str, str]:

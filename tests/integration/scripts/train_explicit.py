@@ -52,6 +52,8 @@ def main() -> None:
     p.add_argument("--killpg-at", type=int, default=-1, help="SIGTERM to the process group")
     p.add_argument("--kill-at", type=int, default=-1, help="SIGKILL self here (a crash)")
     p.add_argument("--state-mb", type=int, default=0, help="extra tracked state, to make saves slow")
+    p.add_argument("--hold-at", type=int, default=-1, help="at the end of this step, wait for --release")
+    p.add_argument("--release", default="", help="the file that lets a step held by --hold-at go on")
     args = p.parse_args()
 
     random.seed(0)
@@ -109,6 +111,11 @@ def main() -> None:
                 import time
 
                 time.sleep(args.sleep)
+            if step == args.hold_at:  # a test's handshake: no race against the wall clock
+                import time
+
+                while not os.path.exists(args.release):
+                    time.sleep(0.01)
         if args.sched == "step" and sched is not None:
             sched.step()
     with open(os.path.join(args.out, "losses.txt"), "w") as f:
