@@ -7,30 +7,55 @@ import logging
 import sys
 
 import click
+from click.shell_completion import CompletionItem
+from click.utils import make_default_short_help
 
 from ferry._version import __version__
 from ferry.errors import FerryError
 
-COMMANDS: dict[str, str] = {
-    "run": "run",
-    "inspect": "inspect",
-    "verify": "inspect",
-    "suspend": "process",
-    "wake": "process",
-    "process-state": "process",
-    "dump": "process",
-    "restore": "process",
-    "list": "jobs",
-    "status": "jobs",
-    "checkpoint": "jobs",
-    "migrate": "migrate",
-    "export": "migrate",
-    "resume": "migrate",
-    "report": "report",
-    "chaos": "chaos",
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("run", "Run COMMAND as a preemptible job: ferry run [OPTIONS] -- COMMAND [ARGS]..."),
+    "inspect": ("inspect", "Show a checkpoint's step, time, size and tensors (URL: a checkpoint or a root)."),
+    "verify": ("inspect", "Check a checkpoint's manifest and checksums; exits non-zero if it is damaged."),
+    "suspend": (
+        "process",
+        "Freeze PID's CUDA state and release its GPU memory (lock, then checkpoint to host memory).",
+    ),
+    "wake": ("process", "Bring PID's GPU memory back (onto other GPUs with --map) and let it continue."),
+    "process-state": (
+        "process",
+        "Show PID's CUDA checkpoint state, the GPUs it holds, and ferry's record of its suspend.",
+    ),
+    "dump": (
+        "process",
+        "Dump PID's whole process tree to DIRECTORY with CRIU (GPU state through its CUDA plugin).",
+    ),
+    "restore": (
+        "process",
+        "Restore a process tree that `ferry dump` wrote to DIRECTORY (under its old PID).",
+    ),
+    "list": ("jobs", "Ferry jobs, and the GPU processes NVML sees (marking which are ferry jobs)."),
+    "status": ("jobs", "One job in detail: state, step, devices, checkpoint history with save times."),
+    "checkpoint": ("jobs", "Ask JOB (an id or a PID) for a checkpoint at its next safe point."),
+    "migrate": ("migrate", "Move JOB to other GPUs of this machine: checkpoint, restart on DEVICES, resume."),
+    "export": (
+        "migrate",
+        "Checkpoint and stop JOB, leaving a bundle at DEST_URL that `ferry resume` starts again.",
+    ),
+    "resume": (
+        "migrate",
+        "Start a job from a bundle (ferry export) or a checkpoint URL: ferry resume SOURCE [-- COMMAND].",
+    ),
+    "report": (
+        "report",
+        "Draw JOB's training steps over wall time, checkpoints, interruptions and migrations.",
+    ),
+    "chaos": ("chaos", "Run COMMAND plainly, then under `ferry run` with seeded faults, and compare."),
 }
-"""Command name -> the module of ferry.cli that defines it (in its COMMANDS list). Modules
-are imported only when one of their commands is used, so `ferry run` does not import torch."""
+"""Command name -> (the module of ferry.cli that defines it, in its COMMANDS list; the first
+paragraph of its help). Modules are imported only when one of their commands runs, so
+`ferry --help`, completion and `ferry run` do not import torch; a unit test keeps the help
+texts equal to the commands' own."""
 
 
 class FerryGroup(click.Group):
@@ -41,11 +66,27 @@ class FerryGroup(click.Group):
         return sorted(COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        module_name = COMMANDS.get(cmd_name)
-        if module_name is None:
+        if cmd_name not in COMMANDS:
             return None
-        module = importlib.import_module(f"ferry.cli.{module_name}")
+        module = importlib.import_module(f"ferry.cli.{COMMANDS[cmd_name][0]}")
         return next((c for c in module.COMMANDS if c.name == cmd_name), None)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list of ``ferry --help``, from the table: no command module imported."""
+        limit = formatter.width - 6 - max(len(name) for name in COMMANDS)
+        rows = [(name, make_default_short_help(COMMANDS[name][1], limit)) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[CompletionItem]:
+        """Command names for shell completion, from the table; options as click gives them."""
+        if incomplete.startswith("-"):
+            return super().shell_complete(ctx, incomplete)
+        return [
+            CompletionItem(name, help=make_default_short_help(COMMANDS[name][1]))
+            for name in self.list_commands(ctx)
+            if name.startswith(incomplete)
+        ]
 
     def invoke(self, ctx: click.Context) -> object:
         try:

@@ -1,0 +1,62 @@
+"""`ferry --help` and completion come from ferry.cli.COMMANDS, not from the command modules
+(which import torch): the table must say what the commands themselves say."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+
+import click
+import pytest
+from click.utils import make_default_short_help
+
+from ferry.cli import COMMANDS, main
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_the_table_holds_each_commands_own_help(name: str) -> None:
+    command = main.get_command(click.Context(main), name)
+    assert command is not None, f"ferry.cli.{COMMANDS[name][0]} defines no command {name!r}"
+    first = inspect.cleandoc(command.help or "").split("\n\n")[0].replace("\n", " ")
+    assert COMMANDS[name][1] == first
+    for limit in (30, 45, 80):
+        assert make_default_short_help(COMMANDS[name][1], limit) == command.get_short_help_str(limit)
+
+
+def test_every_command_of_the_modules_is_in_the_table() -> None:
+    import importlib
+
+    for module in {m for m, _ in COMMANDS.values()}:
+        for command in importlib.import_module(f"ferry.cli.{module}").COMMANDS:
+            assert COMMANDS.get(command.name or "", ("",))[0] == module, command.name
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], [], ["run", "--help"]],
+    ids=["help", "bare", "run-help"],
+)
+def test_help_and_completion_import_no_torch(argv: list[str]) -> None:
+    code = (
+        "import sys\nfrom ferry.cli import main\n"
+        f"sys.argv = ['ferry', *{argv!r}]\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "Usage: ferry" in proc.stdout + proc.stderr
+
+
+def test_completion_lists_commands_without_torch() -> None:
+    code = (
+        "import sys\nfrom ferry.cli import main\n"
+        "try:\n    main(prog_name='ferry')\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules, file=sys.stderr)\n"
+    )
+    env = {**os.environ, "COMP_WORDS": "ferry ch", "COMP_CWORD": "1", "_FERRY_COMPLETE": "bash_complete"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.stdout.split() == ["plain,chaos", "plain,checkpoint"], proc.stdout
+    assert proc.stderr.strip() == "False", proc.stderr
