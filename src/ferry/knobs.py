@@ -35,6 +35,14 @@ BACKOFF_CAP_SECONDS = 60.0
 """The longest wait between a failure and the restart: bounds the time a job sits idle after
 several failures, at the price of restarting a persistent crash once a minute."""
 
+
+def backoff_delay(base_seconds: float, attempt: int, cap_seconds: float) -> float:
+    """The one backoff formula: the wait before the ``attempt``-th retry (1, 2, ...) doubles
+    from ``base_seconds``, up to ``cap_seconds``. It lives here, at the bottom of the layers,
+    so that every retry loop (the supervisor's restarts, storage transfers) can use it."""
+    return min(base_seconds * 2.0 ** (attempt - 1), cap_seconds)
+
+
 LEFTOVER_SECONDS = 5.0
 """How long processes the worker left behind get after SIGTERM, before SIGKILL: time for them
 to close files, against the time the next worker waits for its GPU."""

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from ferry.knobs import BACKOFF_CAP_SECONDS, CHECKPOINT_EXIT_CODE
+from ferry.knobs import BACKOFF_CAP_SECONDS, CHECKPOINT_EXIT_CODE, backoff_delay
 from ferry.supervisor import RunOptions, WorkerExit, decide
-from ferry.supervisor.decide import backoff_delay, exit_status, resume_hint
+from ferry.supervisor.decide import exit_status, resume_hint
 
 CKPT = "/ck/job"
 GPU1 = {"CUDA_VISIBLE_DEVICES": "1"}
@@ -91,7 +91,7 @@ def test_the_resume_hint_names_the_folder_only_when_the_command_does_not() -> No
     [(1.0, 1, 1.0), (1.0, 2, 2.0), (0.5, 4, 4.0), (1.0, 7, BACKOFF_CAP_SECONDS), (0.0, 5, 0.0)],
 )
 def test_the_backoff_doubles_up_to_its_cap(base: float, failure: int, delay: float) -> None:
-    assert backoff_delay(base, failure) == delay
+    assert backoff_delay(base, failure, BACKOFF_CAP_SECONDS) == delay
 
 
 @pytest.mark.parametrize(("returncode", "status"), [(0, 0), (85, 85), (-9, 137), (-15, 143), (255, 255)])

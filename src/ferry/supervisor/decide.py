@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ferry.knobs import BACKOFF_CAP_SECONDS
+from ferry.knobs import BACKOFF_CAP_SECONDS, backoff_delay
 from ferry.supervisor.options import RunOptions
 from ferry.supervisor.signals import signal_name
 
@@ -75,12 +75,6 @@ class Decision:
 def exit_status(returncode: int) -> int:
     """A Popen return code as a shell reports it: 128 + N for a death by signal N."""
     return 128 - returncode if returncode < 0 else returncode
-
-
-def backoff_delay(base_seconds: float, failure: int) -> float:
-    """The wait before restarting after the ``failure``-th failure (1, 2, ...): doubling from
-    ``base_seconds``, at most ``knobs.BACKOFF_CAP_SECONDS``."""
-    return min(base_seconds * 2.0 ** (failure - 1), BACKOFF_CAP_SECONDS)
 
 
 def resume_hint(options: RunOptions, checkpoint_dir: str) -> str:
@@ -146,7 +140,7 @@ def decide(w: WorkerExit, o: RunOptions, checkpoint_dir: str) -> Decision:
         left = "no restarts left" if o.max_failures else "--max-failures N restarts it"
         return Decision("failed", code, f"the worker {why} ({left})")
     failure = w.failures + 1
-    delay = backoff_delay(o.backoff_seconds, failure)
+    delay = backoff_delay(o.backoff_seconds, failure, BACKOFF_CAP_SECONDS)
     notes.append(
         (
             logging.WARNING,
