@@ -1,17 +1,20 @@
 """Every setting of the in-process session, in one keyword-only dataclass.
 
 Environment variables map onto it in one place, ``Config.from_env`` (``FERRY_<FIELD>``,
-upper case), which is how ``ferry run`` hands its options to the worker.
+upper case), and back with its inverse ``Config.to_env``, which is how ``ferry run`` hands
+its options to the worker.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from ferry.errors import ConfigError
+from ferry.knobs import CHECKPOINT_EXIT_CODE, FAILURE_EXIT_CODE
 
 
 @dataclass(kw_only=True)
@@ -32,9 +35,9 @@ class Config:
     """Signals that mean: checkpoint at the next safe point, then exit with exit_code."""
     checkpoint_signals: tuple[str, ...] = ("SIGUSR2",)
     """Signals that mean: checkpoint at the next safe point and keep training."""
-    exit_code: int = 85
+    exit_code: int = CHECKPOINT_EXIT_CODE
     """Exit status after a committed checkpoint-and-stop ("checkpointed, resume me")."""
-    failure_exit_code: int = 86
+    failure_exit_code: int = FAILURE_EXIT_CODE
     """Exit status when a stop was requested but the checkpoint could not be committed."""
     grace_seconds: float | None = None
     """Time between the stop signal and SIGKILL, if known; saves slower than 80% of it warn."""
@@ -106,8 +109,31 @@ class Config:
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
+    def to_env(self, names: Iterable[str] | None = None) -> dict[str, str]:
+        """The inverse of ``from_env``: ``FERRY_<FIELD>`` variables for the fields ``names``
+        (default: all), so that ``Config.from_env(cfg.to_env()) == cfg``. None is the empty
+        string, a tuple is comma-separated, a bool is 1 or 0."""
+        known = {f.name for f in fields(self)}
+        chosen = list(known if names is None else names)
+        unknown = sorted(set(chosen) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown setting(s) {', '.join(unknown)}; the settings are: {', '.join(sorted(known))}"
+            )
+        return {f"FERRY_{name.upper()}": _format(getattr(self, name)) for name in chosen}
+
     def with_(self, **changes: Any) -> Config:
         return replace(self, **changes)
+
+
+def _format(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)  # str(float) reads back as the same float
 
 
 def _parse(name: str, type_: str, raw: str) -> Any:

@@ -4,11 +4,15 @@ environment variables map onto the fields in one place, ``Config.from_env``."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
 from typing import Any
 
 import pytest
 
 from ferry import Config, ConfigError, FerryError
+from ferry.runtime.grace import slow_save_warning
+from ferry.runtime.identity import default_job_id
 
 
 def test_the_defaults_are_valid_and_documented() -> None:
@@ -185,6 +189,39 @@ def test_unrelated_variables_are_ignored() -> None:
     assert Config.from_env({"FERRY_HOME": "/x", "EVERY_STEPS": "3", "ferry_dir": "lower"}) == Config()
 
 
+# ------------------------------------------------------------------ back to the environment
+ROUND_TRIP = [
+    Config(),
+    Config(every_steps=1, every_seconds=0.001, keep_last=1, exit_code=255, failure_exit_code=1),
+    Config(dir="s3://bucket/run 1", keep_every=1000, async_save=False, resume=False),
+    Config(stop_signals=(), checkpoint_signals=()),
+    Config(stop_signals=("SIGTERM", "SIGINT", "SIGHUP"), checkpoint_signals=("SIGUSR2", "SIGUSR1")),
+    Config(grace_seconds=30.0, every_seconds=1 / 3, control_poll_seconds=0.05),
+    Config(job_dir="/tmp/job dir", job_id="train-7", remote="root://eos//x", handoff_dir="/dev/shm/f"),
+    Config(exit_code=99, failure_exit_code=98, grace_seconds=1e-3),
+]
+
+
+@pytest.mark.parametrize("config", ROUND_TRIP, ids=range(len(ROUND_TRIP)))
+def test_to_env_is_the_inverse_of_from_env(config: Config) -> None:
+    env = config.to_env()
+    assert set(env) == {f"FERRY_{f.name.upper()}" for f in dataclasses.fields(Config)}
+    assert Config.from_env(env) == config
+
+
+def test_to_env_writes_what_a_person_would() -> None:
+    config = Config(every_steps=50, grace_seconds=30.0, async_save=False, stop_signals=("SIGTERM", "SIGINT"))
+    assert config.to_env(["every_steps", "grace_seconds", "async_save", "stop_signals", "keep_every"]) == {
+        "FERRY_EVERY_STEPS": "50",
+        "FERRY_GRACE_SECONDS": "30.0",
+        "FERRY_ASYNC_SAVE": "0",
+        "FERRY_STOP_SIGNALS": "SIGTERM,SIGINT",
+        "FERRY_KEEP_EVERY": "",
+    }
+    with pytest.raises(ConfigError, match="unknown setting"):
+        config.to_env(["every_step"])
+
+
 # ------------------------------------------------------------------ known gaps (bugs)
 @pytest.mark.parametrize("code", [0, 300, -1])
 def test_failure_exit_code_is_checked(code: int) -> None:
@@ -200,3 +237,25 @@ def test_an_unknown_boolean_spelling_is_refused() -> None:
 def test_a_misspelt_setting_names_the_fields() -> None:
     with pytest.raises(ConfigError, match="every_steps"):
         Config.from_env({}, every_step=5)
+
+
+# ------------------------------------------------------------------ what the settings imply
+@pytest.mark.parametrize(
+    ("save", "grace", "warned"),
+    [(1.0, None, False), (50.0, None, False), (8.0, 10.0, False), (8.5, 10.0, True), (31.0, 30.0, True)],
+)
+def test_a_save_over_80_percent_of_the_grace_period_is_warned_about(
+    save: float, grace: float | None, warned: bool
+) -> None:
+    warning = slow_save_warning(save, grace)
+    assert (warning is not None) == warned
+    if warning is not None:
+        assert warning == (
+            f"ferry: warning: a checkpoint took {save:.1f} s, over 80% of the {grace:.0f} s grace "
+            "period; a stop may be killed before it commits: raise the grace period or save less state"
+        )
+
+
+def test_the_default_job_id_is_host_and_pid() -> None:
+    assert default_job_id() == f"{socket.gethostname()}-{os.getpid()}"
+    assert default_job_id(7) == f"{socket.gethostname()}-7"

@@ -11,10 +11,11 @@ import subprocess
 import time
 
 from ferry.errors import JobError
+from ferry.knobs import KILL_TREE_SECONDS, PROCESS_POLL_SECONDS
 from ferry.runtime.procs import descendants, group_members, parents
 
 
-def kill_tree(root: int, timeout: float = 30.0) -> None:
+def kill_tree(root: int, timeout: float = KILL_TREE_SECONDS) -> None:
     """SIGKILL the process group ``root`` leads and every descendant of ``root``."""
     deadline = time.monotonic() + timeout
     pids = set(descendants(root)) | set(group_members(root))
@@ -24,7 +25,7 @@ def kill_tree(root: int, timeout: float = 30.0) -> None:
                 os.kill(pid, signal.SIGKILL)
         if time.monotonic() > deadline:
             raise JobError(f"processes {sorted(pids)} survive SIGKILL")
-        time.sleep(0.05)
+        time.sleep(PROCESS_POLL_SECONDS)
         alive = parents()
         pids = {p for p in pids if p in alive}
 

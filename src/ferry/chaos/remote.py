@@ -24,12 +24,18 @@ import time
 from typing import Any
 
 from ferry.errors import JobError
+from ferry.knobs import (
+    PROCESS_POLL_SECONDS,
+    RELAY_CONNECT_SECONDS,
+    RELAY_POLL_SECONDS,
+    RELAY_REBIND_SECONDS,
+    SERVER_START_SECONDS,
+)
 from ferry.runtime.procs import stop_process
 from ferry.storage import Storage, open_storage
 
 BUCKET = "ferry-chaos"
 KEY, SECRET, REGION = "ferry-chaos-key", "ferry-chaos-secret", "us-east-1"
-START_TIMEOUT = 30.0
 
 
 def start_moto(workdir: str, port: int = 0) -> tuple[subprocess.Popen[bytes], str]:
@@ -46,14 +52,14 @@ def start_moto(workdir: str, port: int = 0) -> tuple[subprocess.Popen[bytes], st
             stdin=subprocess.DEVNULL,
             cwd=workdir,
         )
-    deadline = time.monotonic() + START_TIMEOUT
+    deadline = time.monotonic() + SERVER_START_SECONDS
     while time.monotonic() < deadline:
         with open(log_path, errors="replace") as f:
             if m := re.search(r"Running on (http://127\.0\.0\.1:\d+)", f.read()):
                 return proc, m[1]
         if proc.poll() is not None:
             break
-        time.sleep(0.05)
+        time.sleep(PROCESS_POLL_SECONDS)
     stop_process(proc)
     with open(log_path, errors="replace") as f:
         tail = f.read()[-2000:]
@@ -80,7 +86,7 @@ class Relay:
         with self._lock:
             if self._listener is not None:
                 return
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + RELAY_REBIND_SECONDS
             while True:
                 listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -91,9 +97,9 @@ class Relay:
                     listener.close()
                     if time.monotonic() > deadline:
                         raise JobError(f"the relay cannot listen on port {self.port} again: {exc}") from exc
-                    time.sleep(0.1)
+                    time.sleep(RELAY_POLL_SECONDS)
             listener.listen(128)
-            listener.settimeout(0.1)
+            listener.settimeout(RELAY_POLL_SECONDS)
             self.port = listener.getsockname()[1]
             self._listener = listener
         threading.Thread(target=self._accept, args=(listener,), name="chaos-relay", daemon=True).start()
@@ -123,7 +129,7 @@ class Relay:
             except OSError:
                 return
             try:
-                server = socket.create_connection(self.target, timeout=10)
+                server = socket.create_connection(self.target, timeout=RELAY_CONNECT_SECONDS)
             except OSError:
                 client.close()
                 continue

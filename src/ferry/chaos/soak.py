@@ -32,11 +32,19 @@ from ferry.chaos.outputs import absolute_command, compare_outputs
 from ferry.chaos.remote import S3Remote
 from ferry.chaos.summary import Summary
 from ferry.errors import ConfigError, CorruptCheckpointError, FerryError, JobError
+from ferry.knobs import (
+    CHAOS_BACKOFF_SECONDS,
+    CHAOS_OUTAGE_SECONDS,
+    CHAOS_PAUSE_SECONDS,
+    CHAOS_REQUEST_SECONDS,
+    CHAOS_SPARE_RESTARTS,
+    CHAOS_TIMEOUT_SECONDS,
+    CHECKPOINT_EXIT_CODE,
+    PROCESS_POLL_SECONDS,
+)
 from ferry.runtime import control
 from ferry.runtime.jobdir import JobDir
 from ferry.runtime.procs import descendants, group_members
-
-CHECKPOINT_CODE = 85
 
 KINDS = (
     "checkpoint",  # a `checkpoint` control request: save and go on
@@ -74,11 +82,11 @@ class ChaosOptions:
     """Files (relative to the working copy) that must be equal byte for byte."""
     steps: tuple[str, ...] = ()
     """Per-step logs (relative to the working copy): last line per leading step number."""
-    pause: tuple[float, float] = (0.3, 1.5)
+    pause: tuple[float, float] = CHAOS_PAUSE_SECONDS
     """Seconds of the worker running between two faults: drawn uniformly in this range."""
-    outage: tuple[float, float] = (1.0, 8.0)
+    outage: tuple[float, float] = CHAOS_OUTAGE_SECONDS
     """Seconds a ``remote-down`` fault keeps the remote unreachable: drawn uniformly."""
-    timeout: float = 1800.0
+    timeout: float = CHAOS_TIMEOUT_SECONDS
     """Give up (ChaosError) after this many seconds."""
     duration: float | None = None
     """Inject no more faults after this many seconds (the job then runs to its end and is
@@ -204,12 +212,12 @@ class Soak:
             self.disk = DiskFiller(ckpt)
         shutil.rmtree(os.path.join(self.work, "home"), ignore_errors=True)
         job = JobDir.create(self.job_id, os.path.join(self.work, "home", "jobs", self.job_id))
-        budget = self.options.events + 10
+        budget = self.options.events + CHAOS_SPARE_RESTARTS
         cmd = [
             sys.executable, "-c", "import sys; from ferry.cli import main; sys.argv[0] = 'ferry'; main()",
             "run", "--dir", os.path.join(ckpt, "job"), "--job-id", self.job_id,
             "--every-steps", str(self.options.every_steps), "--max-failures", str(budget),
-            "--restarts", str(budget), "--backoff", "0.1", "--", *self.command,
+            "--restarts", str(budget), "--backoff", str(CHAOS_BACKOFF_SECONDS), "--", *self.command,
         ]  # fmt: skip
         env = dict(self.env)
         if self.remote is not None:  # each round copies to a prefix of its own
@@ -221,7 +229,7 @@ class Soak:
             injected = sum(self.summary.injected.values())
             killed = self._inject_while(sup, job)
             code = sup.wait(self._left())
-            if killed or code == CHECKPOINT_CODE:
+            if killed or code == CHECKPOINT_EXIT_CODE:
                 continue
             if code == 0:
                 break
@@ -271,7 +279,7 @@ class Soak:
         pause = self._pause()
         while sup.poll() is None:
             self._left()
-            time.sleep(0.05)
+            time.sleep(PROCESS_POLL_SECONDS)
             if self.remote is not None:
                 self.remote.tick()
             if not self._injecting():
@@ -354,6 +362,8 @@ class Soak:
         try:
             rid = control.submit(job, "checkpoint")
             with contextlib.suppress(FerryError):
-                control.wait_response(job, rid, timeout=30, alive=lambda: sup.poll() is None)
+                control.wait_response(
+                    job, rid, timeout=CHAOS_REQUEST_SECONDS, alive=lambda: sup.poll() is None
+                )
         finally:
             self.disk.drain()

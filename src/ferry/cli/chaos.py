@@ -8,6 +8,7 @@ import click
 
 from ferry.chaos import KINDS, ChaosOptions, Soak, summary_json
 from ferry.cli.run import _env_pairs
+from ferry.knobs import CHAOS_OUTAGE_SECONDS, CHAOS_PAUSE_SECONDS, CHAOS_TIMEOUT_SECONDS
 
 
 @click.command(
@@ -45,7 +46,7 @@ The contract with the command and the fault kinds: docs/chaos.md.""",
     "--pause",
     nargs=2,
     type=float,
-    default=(0.3, 1.5),
+    default=CHAOS_PAUSE_SECONDS,
     show_default=True,
     metavar="MIN MAX",
     help="Seconds of training between two faults, drawn uniformly.",
@@ -54,12 +55,14 @@ The contract with the command and the fault kinds: docs/chaos.md.""",
     "--outage",
     nargs=2,
     type=float,
-    default=(1.0, 8.0),
+    default=CHAOS_OUTAGE_SECONDS,
     show_default=True,
     metavar="MIN MAX",
     help="Seconds a remote-down fault keeps the remote unreachable, drawn uniformly.",
 )
-@click.option("--timeout", type=float, default=1800.0, show_default=True, help="Give up after S seconds.")
+@click.option(
+    "--timeout", type=float, default=CHAOS_TIMEOUT_SECONDS, show_default=True, help="Give up after S seconds."
+)
 @click.option("--duration", type=float, metavar="S", help="Inject faults only during the first S seconds.")
 @click.option(
     "--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="Set a variable for the command."

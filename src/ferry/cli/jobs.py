@@ -16,6 +16,7 @@ import click
 
 from ferry.cli.output import emit_json, human_bytes, json_option, table
 from ferry.errors import ConfigError, FerryError, JobError
+from ferry.knobs import CHECKPOINT_EXIT_CODE, REQUEST_TIMEOUT_SECONDS
 from ferry.ops.jobs import JobRecord, find_job, list_jobs, process_name, send, wait_answer
 from ferry.process import nvml
 
@@ -177,12 +178,12 @@ def _targets(job: str | None, all_jobs: bool) -> list[JobRecord]:
 @click.command("checkpoint", epilog=EPILOG)
 @click.argument("job", required=False)
 @click.option("--all", "all_jobs", is_flag=True, help="Every running job of this user (a preStop hook).")
-@click.option("--stop", is_flag=True, help="Then stop the job (exit 85, resume me).")
+@click.option("--stop", is_flag=True, help=f"Then stop the job (exit {CHECKPOINT_EXIT_CODE}, resume me).")
 @click.option("--wait", is_flag=True, help="Return only when the checkpoint is committed.")
 @click.option(
     "--timeout",
     type=float,
-    default=300.0,
+    default=REQUEST_TIMEOUT_SECONDS,
     show_default=True,
     metavar="S",
     help="With --wait: give up after S seconds (exit 8).",

@@ -5,16 +5,17 @@ Exit codes: docs/cli.md."""
 from __future__ import annotations
 
 import os
-import socket
 
 import click
 
 from ferry.cli.jobs import EPILOG
 from ferry.cli.output import emit_json, json_option
 from ferry.errors import ConfigError
-from ferry.launcher import RunOptions, Supervisor
+from ferry.knobs import GRACE_SECONDS, REQUEST_TIMEOUT_SECONDS
 from ferry.ops import migrate as ops
 from ferry.ops.jobs import find_job
+from ferry.runtime.identity import default_job_id
+from ferry.supervisor import RunOptions, Supervisor
 
 
 def _progress(as_json: bool) -> ops.Progress:
@@ -33,7 +34,7 @@ def _positive(timeout: float) -> float:
 timeout_option = click.option(
     "--timeout",
     type=float,
-    default=300.0,
+    default=REQUEST_TIMEOUT_SECONDS,
     show_default=True,
     metavar="S",
     help="Give up after S seconds (exit 8).",
@@ -105,7 +106,9 @@ def export_cmd(job: str, dest_url: str, timeout: float, as_json: bool) -> None:
 @click.option(
     "--restarts", type=int, default=0, show_default=True, help="In-place restarts allowed (migrate)."
 )
-@click.option("--grace", type=float, default=30.0, show_default=True, metavar="S", help="As for ferry run.")
+@click.option(
+    "--grace", type=float, default=GRACE_SECONDS, show_default=True, metavar="S", help="As for ferry run."
+)
 @json_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -125,7 +128,7 @@ def resume_cmd(
     Runs it under ferry run's supervisor, in the foreground, with the bundle's command,
     working directory and environment unless given; exit codes as for ferry run.
     """
-    job_id = job_id or f"{socket.gethostname()}-{os.getpid()}"
+    job_id = job_id or default_job_id()
     target = checkpoint_dir or os.path.join("ferry-checkpoints", job_id)
     target = target if "://" in target else os.path.abspath(target)
     argv, env, cwd, autotrack = ops.prepare_resume(source, target, list(command), gpus, _progress(as_json))

@@ -1,11 +1,18 @@
-"""``ferry run``: start a training command under ferry's supervisor (see ferry.launcher)."""
+"""``ferry run``: start a training command under ferry's supervisor (see ferry.supervisor)."""
 
 from __future__ import annotations
 
 import click
 
 from ferry.errors import ConfigError
-from ferry.launcher import RunOptions, Supervisor
+from ferry.knobs import (
+    BACKOFF_CAP_SECONDS,
+    BACKOFF_SECONDS,
+    CHECKPOINT_EXIT_CODE,
+    FAILURE_EXIT_CODE,
+    GRACE_SECONDS,
+)
+from ferry.supervisor import RunOptions, Supervisor
 
 
 def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -21,12 +28,19 @@ def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.command(
     "run",
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
-    epilog="""\b
+    help=f"""Run COMMAND as a preemptible job: ferry run [OPTIONS] -- COMMAND [ARGS]...
+
+    The command runs in its own process group. Every signal ferry run receives is
+    forwarded to that whole group; SIGTERM, SIGINT and SIGUSR1 make the training
+    checkpoint at its next safe point and exit {CHECKPOINT_EXIT_CODE}. SIGUSR2 takes a checkpoint and goes on.
+    Without --no-autotrack, a script in the usual PyTorch idiom needs no change.
+    """,
+    epilog=f"""\b
 Exit status:
   0      the command finished
-  85     checkpointed and stopped (a stop signal or request): run the
+  {CHECKPOINT_EXIT_CODE}     checkpointed and stopped (a stop signal or request): run the
          same command again, with the same --dir or --job-id, to resume
-  86     a stop was requested but its checkpoint could not be committed
+  {FAILURE_EXIT_CODE}     a stop was requested but its checkpoint could not be committed
   2      usage error: no command, a command that cannot run, a bad option
   8      the job is already running (its lock is held)
   other  the command's own failure status (128+N: killed by signal N)
@@ -51,14 +65,14 @@ The job directory layout and the restart rules: docs/jobs.md.""",
 @click.option(
     "--exit-code",
     type=int,
-    default=85,
+    default=CHECKPOINT_EXIT_CODE,
     show_default=True,
     help='The "checkpointed, resume me" exit status, of the worker and of ferry run.',
 )
 @click.option(
     "--grace",
     type=float,
-    default=30.0,
+    default=GRACE_SECONDS,
     show_default=True,
     metavar="S",
     help="After a stop signal, SIGKILL the command if it has not exited within S seconds (0: never).",
@@ -80,10 +94,10 @@ The job directory layout and the restart rules: docs/jobs.md.""",
 @click.option(
     "--backoff",
     type=float,
-    default=1.0,
+    default=BACKOFF_SECONDS,
     show_default=True,
     metavar="S",
-    help="Wait before the n-th restart after a failure: S * 2**(n-1), at most 60 s.",
+    help=f"Wait before the n-th restart after a failure: S * 2**(n-1), at most {BACKOFF_CAP_SECONDS:g} s.",
 )
 @click.option(
     "--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="Set a variable for the command."
@@ -111,13 +125,7 @@ def run_cmd(
     no_autotrack: bool,
     command: tuple[str, ...],
 ) -> None:
-    """Run COMMAND as a preemptible job: ferry run [OPTIONS] -- COMMAND [ARGS]...
-
-    The command runs in its own process group. Every signal ferry run receives is
-    forwarded to that whole group; SIGTERM, SIGINT and SIGUSR1 make the training
-    checkpoint at its next safe point and exit 85. SIGUSR2 takes a checkpoint and goes on.
-    Without --no-autotrack, a script in the usual PyTorch idiom needs no change.
-    """
+    # The help text is the command's help= above: it names the exit code by its constant.
     options = RunOptions(
         dir=checkpoint_dir,
         job_id=job_id,

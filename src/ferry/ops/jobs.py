@@ -14,6 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ferry.errors import ConfigError, JobError
+from ferry.knobs import (
+    ANSWER_CHECK_SECONDS,
+    ANSWER_FIRST_NOTE_SECONDS,
+    ANSWER_NOTE_SECONDS,
+    PROCESS_POLL_SECONDS,
+)
 from ferry.runtime.control import submit
 from ferry.runtime.jobdir import JobDir, jobs_root, read_json
 
@@ -267,7 +273,7 @@ def wait_answer(
     path = os.path.join(record.dir.control, f"resp-{rid}.json")
     start = time.monotonic()
     deadline = None if timeout is None else start + timeout
-    next_note, next_check = start + 2.0, start
+    next_note, next_check = start + ANSWER_FIRST_NOTE_SECONDS, start
     while True:
         if os.path.exists(path):
             doc = read_json(path)
@@ -277,7 +283,7 @@ def wait_answer(
             return doc
         now = time.monotonic()
         if now >= next_check:
-            next_check = now + 0.25
+            next_check = now + ANSWER_CHECK_SECONDS
             if not record.refresh().alive and not os.path.exists(path):
                 raise JobError(
                     f"job {record.id}'s worker exited before answering (state {record.state}); "
@@ -293,5 +299,5 @@ def wait_answer(
             progress(
                 f"job {record.id}: waiting ({now - start:.0f} s, step {record.dir.status().get('step')})"
             )
-            next_note = now + 5.0
-        time.sleep(0.05)
+            next_note = now + ANSWER_NOTE_SECONDS
+        time.sleep(PROCESS_POLL_SECONDS)

@@ -18,11 +18,12 @@ from typing import Any
 
 from ferry.autotrack import BOOT_DIR
 from ferry.errors import ConfigError, JobError, NoCheckpointError
-from ferry.launcher import check_command
+from ferry.knobs import COPY_BUFFER_BYTES, PROCESS_POLL_SECONDS
 from ferry.ops import devices
 from ferry.ops.jobs import JobRecord, command_of, process_env, require_alive, send, wait_answer
 from ferry.storage import Storage, open_storage, strategy_for
 from ferry.storage.atomic import MANIFEST, MARKER
+from ferry.supervisor.options import check_command
 
 Progress = Callable[[str], None]
 BUNDLE = "bundle.json"
@@ -105,7 +106,7 @@ def migrate(record: JobRecord, target: str, timeout: float, progress: Progress) 
             raise JobError(
                 f"job {record.id} did not resume on {target} within {timeout:g} s; see `ferry status`"
             )
-        time.sleep(0.05)
+        time.sleep(PROCESS_POLL_SECONDS)
     restore = float(resume.get("seconds", 0))
     save_start = committed - save
     return Migration(
@@ -162,7 +163,7 @@ def _copy_file(src: Storage, src_rel: str, dest: Storage, dest_rel: str) -> int:
     if "/" in dest_rel.rstrip("/"):
         dest.makedirs(dest_rel.rsplit("/", 1)[0])
     reader, writer = src.open_reader(src_rel), dest.open_writer(dest_rel)
-    buf = bytearray(16 << 20)
+    buf = bytearray(COPY_BUFFER_BYTES)
     view = memoryview(buf)
     total = 0
     try:
@@ -208,7 +209,7 @@ def export(record: JobRecord, dest_url: str, timeout: float, progress: Progress)
         while record.refresh().alive:
             if time.monotonic() > deadline:
                 raise JobError(f"job {record.id} did not exit within {timeout:g} s of its checkpoint")
-            time.sleep(0.05)
+            time.sleep(PROCESS_POLL_SECONDS)
     else:
         root = record.identity.get("checkpoint_dir")
         if not root:

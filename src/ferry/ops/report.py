@@ -16,6 +16,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from ferry.knobs import CHECKPOINT_EXIT_CODE
+
 W, H, PAD = 900, 380, 50
 COLORS = {
     "curve": (31, 119, 180),
@@ -62,7 +64,11 @@ def build(job_id: str, events: list[dict[str, Any]], status: dict[str, Any]) -> 
             last_ckpt_time = t
         elif kind == "stop":
             tl.marks.append({"kind": "stop", "time": t, "text": f"stopped at step {step} (checkpointed)"})
-        elif kind == "worker_exit" and e.get("returncode") not in (0, 85) and e.get("returncode") is not None:
+        elif (
+            kind == "worker_exit"
+            and e.get("returncode") not in (0, CHECKPOINT_EXIT_CODE)
+            and e.get("returncode") is not None
+        ):
             lost = t - last_ckpt_time if last_ckpt_time is not None else 0.0
             tl.lost_seconds += lost
             tl.marks.append(

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 
+from ferry.knobs import STOP_PROCESS_SECONDS
+
 
 def _stat(pid: str) -> tuple[bytes, bytes, bytes] | None:
     """(state, parent, process group) of ``pid``, or None when it is gone."""
@@ -73,7 +75,7 @@ def tagged(tag: str, outside_group: int) -> list[int]:
     return sorted(found)
 
 
-def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = STOP_PROCESS_SECONDS) -> None:
     """SIGTERM a child, SIGKILL it after ``timeout`` seconds; returns once it is gone."""
     if proc.poll() is None:
         proc.terminate()

@@ -21,20 +21,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ferry.knobs import K8S_MARGIN_SECONDS, K8S_SAFETY
 from ferry.schedulers.base import AdapterDefaults
 
 GRACE_ENV = "FERRY_K8S_GRACE_SECONDS"
-SAFETY = 2.0
-"""The preStop checkpoint and the stop checkpoint both fit, each at the measured time."""
-MARGIN_SECONDS = 10.0
-"""Process start-up of the hook, the last step in flight, the exit."""
 
 
 def required_grace_seconds(save_seconds: float, step_seconds: float = 0.0) -> int:
     """The ``terminationGracePeriodSeconds`` a job whose checkpoint takes ``save_seconds``
     needs: room for the preStop checkpoint and the stop checkpoint, the training step in
     flight when each is asked for, and a margin."""
-    return math.ceil(SAFETY * (save_seconds + step_seconds) + MARGIN_SECONDS)
+    return math.ceil(K8S_SAFETY * (save_seconds + step_seconds) + K8S_MARGIN_SECONDS)
 
 
 def prestop_command(timeout_seconds: int, ferry: str = "ferry") -> list[str]:
@@ -101,10 +98,10 @@ class ManifestSpec:
     gpus: int = 1
 
     def __post_init__(self) -> None:
-        if self.grace_seconds < MARGIN_SECONDS + 5:
+        if self.grace_seconds < K8S_MARGIN_SECONDS + 5:
             raise ValueError(
                 f"grace_seconds={self.grace_seconds} leaves no room to checkpoint: use at least "
-                f"{int(MARGIN_SECONDS) + 5}, or required_grace_seconds(save seconds)"
+                f"{int(K8S_MARGIN_SECONDS) + 5}, or required_grace_seconds(save seconds)"
             )
 
 

@@ -27,11 +27,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ferry.knobs import SLURM_MAX_REQUEUES as DEFAULT_MAX_REQUEUES
 from ferry.schedulers.base import AdapterDefaults
 
 log = logging.getLogger("ferry.run")
-
-DEFAULT_MAX_REQUEUES = 20
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,152 @@
+"""What ``ferry run`` does when its worker exits: a pure function of plain values.
+
+* 0: finished; the supervisor exits 0.
+* the checkpoint code (85): the worker committed a checkpoint and stopped. The supervisor
+  exits with it too ("resume me"), after handing the job back to the scheduler when a stop
+  signal asked for it, unless the stop was a ``restart`` control request and in-place
+  restarts remain: then it starts the worker again with the request's env.
+* anything else (86: the checkpoint at a stop failed; a crash; a signal ferry did not
+  send): a failure. Restarted from the last checkpoint after a backoff while
+  ``max_failures`` allows, else propagated (128 + N for signal N).
+
+A stop signal the supervisor received decides against every restart: the scheduler (or the
+operator) wants the job gone. The rules and the files are documented in docs/jobs.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ferry.knobs import BACKOFF_CAP_SECONDS, backoff_delay
+from ferry.supervisor.options import RunOptions
+from ferry.supervisor.signals import signal_name
+
+Action = Literal["finished", "checkpointed", "failed", "restart", "backoff"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerExit:
+    """What the supervisor knows when its worker has exited."""
+
+    returncode: int
+    """The Popen return code: the exit status, or -N for a death by signal N."""
+    checkpointed: bool = False
+    """The job's status says this worker committed a checkpoint and stopped (status.json,
+    written after it started), whatever its exit status."""
+    stop_signal: str | None = None
+    """The first stop signal the supervisor received in its life (SIGTERM, ...), if any."""
+    killed: bool = False
+    """The supervisor SIGKILLed the worker at the end of a stop's grace period."""
+    forwarded: frozenset[str] = frozenset()
+    """Signals the supervisor sent to this worker (a death by one of them is no crash)."""
+    restart: Mapping[str, object] | None = None
+    """A pending ``restart`` control request's env (None as a value: unset), if any."""
+    restarts: int = 0
+    """In-place restarts done so far."""
+    failures: int = 0
+    """Failures restarted so far."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    """finished, checkpointed, failed: the supervisor ends with ``code``; restart: start the
+    worker again now, with ``env`` applied; backoff: start it again after ``delay``."""
+    code: int = 0
+    """The exit status; for a backoff, the one to end with if a stop signal comes meanwhile."""
+    message: str = ""
+    """What the supervisor logs and records: why it ends (for a backoff: why it ends when a
+    stop signal interrupts the wait), or the restart it does."""
+    hand_back: bool = False
+    """Checkpointed on a stop signal: the scheduler may take the job back (SLURM requeues it)
+    and pick the exit status (``after_checkpoint``)."""
+    delay: float = 0.0
+    """The backoff before the restart, in seconds."""
+    env: Mapping[str, str | None] = field(default_factory=dict)
+    """For an in-place restart: the variables to set (None: unset) from now on."""
+    notes: tuple[tuple[int, str], ...] = ()
+    """Log lines (level, text) that come before the outcome."""
+
+
+def exit_status(returncode: int) -> int:
+    """A Popen return code as a shell reports it: 128 + N for a death by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def resume_hint(options: RunOptions, checkpoint_dir: str) -> str:
+    """How to resume a stopped job: the same command when it names its job or its folder."""
+    if options.dir or options.job_id:
+        return "run the same command again to resume"
+    return f"to resume, run it again with --dir {shlex.quote(checkpoint_dir)}"
+
+
+def decide(w: WorkerExit, o: RunOptions, checkpoint_dir: str) -> Decision:
+    """What the supervisor does after the exit ``w``, under options ``o`` (whose exit_code
+    is already the scheduler's checkpoint code)."""
+    returncode, code = w.returncode, exit_status(w.returncode)
+    if returncode == 0:
+        return Decision("finished", 0, "the worker finished")
+    notes: list[tuple[int, str]] = []
+    if returncode != o.exit_code and w.checkpointed:
+        # a launcher in between (torchrun) turns its workers' 85 into a failure of its own
+        notes.append(
+            (
+                logging.INFO,
+                f"ferry run: the worker exited with {returncode}, but its job committed a checkpoint "
+                "and stopped: treating it as checkpointed",
+            )
+        )
+        returncode, code = o.exit_code, exit_status(o.exit_code)
+    hint = resume_hint(o, checkpoint_dir)
+    if w.stop_signal is not None:  # the scheduler (or the operator) wants the job gone
+        name = w.stop_signal
+        if returncode == o.exit_code:
+            message = f"checkpointed on {name}; {hint}"
+            return Decision("checkpointed", code, message, hand_back=True, notes=tuple(notes))
+        if w.killed:
+            why = f"was killed with SIGKILL after the {o.grace_seconds:g} s grace period"
+        elif returncode < 0:
+            why = f"was killed by {signal_name(-returncode)} before it could checkpoint"
+        else:
+            why = f"exited with {returncode} after {name}, without a committed checkpoint"
+        return Decision("failed", code, f"the worker {why}", notes=tuple(notes))
+    if returncode == o.exit_code:
+        if w.restart is not None and w.restarts < o.restarts:
+            env = {str(k): None if v is None else str(v) for k, v in w.restart.items()}
+            with_env = " with " + " ".join(f"{k}={v}" for k, v in env.items()) if env else ""
+            message = (
+                f"ferry run: restarting the worker in place ({w.restarts + 1} of {o.restarts}){with_env}"
+            )
+            return Decision("restart", message=message, env=env, notes=tuple(notes))
+        if w.restart is not None:
+            notes.append(
+                (
+                    logging.WARNING,
+                    f"ferry run: a restart in place was requested, but {w.restarts} of {o.restarts} "
+                    f"restarts are used (--restarts): exiting with {code} instead",
+                )
+            )
+        message = f"the worker checkpointed and stopped; {hint}"
+        return Decision("checkpointed", code, message, notes=tuple(notes))
+    if returncode < 0 and signal_name(-returncode) in w.forwarded:
+        message = f"the worker was killed by {signal_name(-returncode)}, which ferry run forwarded"
+        return Decision("failed", code, message)
+    why = f"was killed by {signal_name(-returncode)}" if returncode < 0 else f"exited with {returncode}"
+    if w.failures >= o.max_failures:
+        left = "no restarts left" if o.max_failures else "--max-failures N restarts it"
+        return Decision("failed", code, f"the worker {why} ({left})")
+    failure = w.failures + 1
+    delay = backoff_delay(o.backoff_seconds, failure, BACKOFF_CAP_SECONDS)
+    notes.append(
+        (
+            logging.WARNING,
+            f"ferry run: the worker {why}: failure {failure} of {o.max_failures} allowed; restarting "
+            f"it from its last checkpoint in {delay:g} s",
+        )
+    )
+    message = f"the worker {why}; a stop signal came during the backoff, before its restart; {hint}"
+    return Decision("backoff", o.exit_code, message, delay=delay, notes=tuple(notes))

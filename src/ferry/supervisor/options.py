@@ -1,0 +1,115 @@
+"""How ``ferry run`` supervises its worker (``RunOptions``), and the check that its command
+can start at all."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ferry.config import Config
+from ferry.errors import ConfigError
+from ferry.knobs import BACKOFF_SECONDS, CHECKPOINT_EXIT_CODE, GRACE_SECONDS
+from ferry.supervisor.signals import FORWARDED
+
+
+@dataclass(kw_only=True)
+class RunOptions:
+    """How ``ferry run`` supervises its worker. None means: the worker's own default."""
+
+    dir: str | None = None
+    """Checkpoint root handed to the worker as FERRY_DIR (a path or an fsspec URL).
+    None: ``./ferry-checkpoints/<job id>``. Run the job again with the same dir to resume."""
+    job_id: str | None = None
+    """The job's id; names its job directory, ``<FERRY_HOME>/jobs/<id>``.
+    None: ``<host>-<supervisor pid>``."""
+    every_steps: int | None = None
+    """Periodic checkpoint every N training steps (FERRY_EVERY_STEPS)."""
+    every_seconds: float | None = None
+    """Periodic checkpoint every N seconds of wall clock (FERRY_EVERY_SECONDS)."""
+    keep_last: int | None = None
+    """Committed checkpoints to keep (FERRY_KEEP_LAST)."""
+    exit_code: int = CHECKPOINT_EXIT_CODE
+    """The worker's "checkpointed, resume me" exit status (FERRY_EXIT_CODE); the supervisor
+    exits with it too when the job was stopped with a checkpoint."""
+    grace_seconds: float | None = GRACE_SECONDS
+    """After a stop signal, how long the worker gets to checkpoint and exit before its
+    process group is SIGKILLed. None: never. Keep it below the scheduler's own kill timeout."""
+    restarts: int = 0
+    """In-place restarts allowed: a ``restart`` control request makes the worker checkpoint
+    and exit, and the supervisor starts it again with the request's env applied."""
+    max_failures: int = 0
+    """Failures (a non-zero exit other than the checkpoint code, or a death by a signal
+    ferry did not send) after which the worker is still restarted from its last checkpoint."""
+    backoff_seconds: float = BACKOFF_SECONDS
+    """Wait before the n-th restart after a failure: this times 2**(n-1), at most
+    ``knobs.BACKOFF_CAP_SECONDS``."""
+    autotrack: bool = True
+    """Zero-code mode: put ferry's sitecustomize on the worker's PYTHONPATH, FERRY_AUTOTRACK=1."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment variables for the worker."""
+    stop_signals: tuple[str, ...] = ("SIGTERM", "SIGINT", "SIGUSR1")
+    """Signals that mean "checkpoint and stop": the worker is told so (FERRY_STOP_SIGNALS),
+    and the supervisor starts the grace period when it forwards one."""
+
+    def __post_init__(self) -> None:
+        if self.job_id is not None and (
+            self.job_id in ("", ".", "..") or "/" in self.job_id or "\0" in self.job_id
+        ):
+            raise ConfigError(f"job id {self.job_id!r} names a folder: use no '/', and not '.' or '..'")
+        for name in ("restarts", "max_failures", "backoff_seconds"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.grace_seconds is not None and self.grace_seconds <= 0:
+            raise ConfigError(f"grace_seconds must be > 0 (None: never SIGKILL), got {self.grace_seconds}")
+        for name in self.stop_signals:
+            signum = getattr(signal, name, None)
+            if isinstance(signum, signal.Signals) and signum not in FORWARDED:
+                raise ConfigError(f"{name} cannot be a stop signal: the supervisor cannot forward it")
+        for key in self.env:
+            if not key or "=" in key:
+                raise ConfigError(f"environment variable name {key!r} is empty or holds '='")
+        # The worker's own checks, with the worker's messages, before anything starts.
+        self.worker_config()
+
+    def worker_settings(self) -> dict[str, Any]:
+        """The worker's Config fields these options set (the rest are the worker's defaults)."""
+        settings: dict[str, Any] = {
+            "every_steps": self.every_steps,
+            "every_seconds": self.every_seconds,
+            "keep_last": self.keep_last,
+            "exit_code": self.exit_code,
+            "stop_signals": self.stop_signals,
+            "grace_seconds": self.grace_seconds,
+        }
+        return {k: v for k, v in settings.items() if v is not None}
+
+    def worker_config(self, **more: Any) -> Config:
+        """The worker's Config as these options (and ``more``) set it; ConfigError as the
+        worker would raise it."""
+        return Config(**self.worker_settings(), **more)
+
+
+def check_command(command: Sequence[str], path: str | None) -> None:
+    """Refuse, with the fix, a command that cannot start, before the job directory is touched."""
+    if not command:
+        raise ConfigError("no command given: put it after --, e.g. `ferry run -- python train.py`")
+    argv0 = command[0]
+    if argv0.startswith("-"):
+        raise ConfigError(
+            f"{argv0!r} is not a command (an unknown option?): ferry run's options go first, "
+            "the command after --, e.g. `ferry run --every-steps 100 -- python train.py`"
+        )
+    if os.sep in argv0:
+        if not os.path.isfile(argv0):
+            raise ConfigError(f"cannot run {argv0!r}: no such file")
+        if not os.access(argv0, os.X_OK):
+            raise ConfigError(
+                f"cannot run {argv0!r}: it is not executable; chmod +x it, or name its "
+                f"interpreter: `ferry run -- python {argv0}`"
+            )
+    elif shutil.which(argv0, path=path) is None:
+        raise ConfigError(f"cannot run {argv0!r}: command not found on PATH")

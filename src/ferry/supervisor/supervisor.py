@@ -1,0 +1,263 @@
+"""``ferry run``: the supervisor that starts a training command as its worker and outlives it.
+
+The supervisor owns the job directory (``job.json``, ``status.json``, the ``lock`` it holds
+for its whole life), starts the worker in a process group of its own (``worker``), forwards
+every signal it receives to that whole group and escalates a stop to SIGKILL when the
+worker overstays the grace period (``signals``), and acts on the worker's exit as
+``decide`` says. This module is the I/O around those: the loop, the job directory's
+records, the logs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shlex
+import shutil
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ferry.config import Config
+from ferry.errors import ConfigError
+from ferry.knobs import LEFTOVER_SECONDS, POLL_SECONDS
+from ferry.runtime.identity import default_job_id
+from ferry.runtime.jobdir import JobDir, write_json_atomic
+from ferry.schedulers import detect as detect_scheduler
+from ferry.supervisor.decide import Decision, WorkerExit, decide
+from ferry.supervisor.options import RunOptions, check_command
+from ferry.supervisor.signals import SignalPump, signal_name
+from ferry.supervisor.worker import WorkerGroup, handoff_dir, user_env, worker_env
+
+log = logging.getLogger("ferry.run")
+
+
+class Supervisor:
+    """Runs one job's worker to its end; ``run()`` returns the exit status for the shell."""
+
+    def __init__(self, command: Sequence[str], options: RunOptions | None = None) -> None:
+        self.command = list(command)
+        self.options = options or RunOptions()
+        # The batch system running us (docs/schedulers.md) names the job, so that its restarts
+        # resume it, and may dictate the checkpoint exit code (HTCondor's job ad).
+        self.scheduler = detect_scheduler()
+        code = self.scheduler.exit_code(self.options.exit_code)
+        if code != self.options.exit_code:
+            self.options = dataclasses.replace(self.options, exit_code=code)
+        self.job_id = self.options.job_id or self.scheduler.job_id() or default_job_id()
+        ckpt = self.options.dir or os.path.join("ferry-checkpoints", self.job_id)
+        self.checkpoint_dir = ckpt if "://" in ckpt else os.path.abspath(ckpt)
+        self.job: JobDir | None = None
+        self.worker: WorkerGroup | None = None
+        self.pump: SignalPump | None = None
+        self.restarts = 0
+        self.failures = 0
+        self._restart_env: dict[str, str | None] = {}
+        self._restart_reason: dict[str, Any] | None = None
+        self._down_since = 0.0
+
+    # ------------------------------------------------------------------ public
+    def run(self) -> int:
+        """Supervise until the job finished, checkpointed or failed; returns the exit status."""
+        check_command(self.command, self.options.env.get("PATH", os.environ.get("PATH")))
+        # The worker's FERRY_* settings: a bad one would otherwise surface in the worker, which
+        # would then train unprotected or fail at its first batch.
+        Config.from_env({**self._user_env(), "FERRY_DIR": self.checkpoint_dir})
+        self.job = JobDir.create(self.job_id)
+        self.job.acquire_lock()
+        self.pump = SignalPump(self.options.stop_signals, self.options.grace_seconds, self.job)
+        try:
+            self._begin()
+            with self.pump.installed():
+                while True:
+                    worker = self._start()
+                    returncode = self._watch(worker)
+                    worker.clear()
+                    code = self._after_exit(worker, returncode)
+                    if code is not None:
+                        return code
+        finally:
+            if self.worker is not None:
+                self.worker.abandon(self.options.grace_seconds or LEFTOVER_SECONDS)
+            self.job.release_lock()
+
+    # ------------------------------------------------------------------ the worker
+    def _user_env(self) -> dict[str, str]:
+        return user_env(os.environ, self.options, self._restart_env)
+
+    @property
+    def _handoff_dir(self) -> str:
+        assert self.job is not None
+        return handoff_dir(self.job.path)
+
+    def _begin(self) -> None:
+        assert self.job is not None
+        try:
+            import pwd
+
+            user = pwd.getpwuid(os.getuid()).pw_name
+        except (ImportError, KeyError):
+            user = str(os.getuid())
+        self.job.write_identity(
+            id=self.job_id,
+            command=self.command,
+            cwd=os.getcwd(),
+            user=user,
+            supervisor_pid=os.getpid(),
+            worker_pid=None,
+            checkpoint_dir=self.checkpoint_dir,
+            scheduler=self.scheduler.name,
+            scheduler_restarts=self.scheduler.restart_count(),
+        )
+        # A new run: what the previous one concluded no longer holds (checkpoints stay listed).
+        self.job.update_status(
+            "starting",
+            supervisor_pid=os.getpid(),
+            worker_pid=None,
+            exit_code=None,
+            error=None,
+            restart=None,
+            restarts=0,
+            max_restarts=self.options.restarts,
+            failures=0,
+            started=time.time(),
+        )
+        self.job.event("run_start", supervisor_pid=os.getpid(), command=self.command)
+        log.info(
+            "ferry run: job %s (job directory %s), checkpoints under %s",
+            self.job_id,
+            self.job.path,
+            self.checkpoint_dir,
+        )
+
+    def _start(self) -> WorkerGroup:
+        assert self.job is not None and self.pump is not None
+        env = worker_env(
+            self._user_env(),
+            self.options,
+            job_id=self.job_id,
+            job_dir=self.job.path,
+            checkpoint_dir=self.checkpoint_dir,
+            handoff_dir=self._handoff_dir if os.path.isdir("/dev/shm") else None,
+        )
+        self.job.update_status(
+            "starting",
+            worker_pid=None,
+            restarts=self.restarts,
+            failures=self.failures,
+            worker_started=time.time(),
+        )
+        try:
+            worker = self.worker = WorkerGroup(self.command, env)
+        except OSError as exc:
+            error = f"cannot run {self.command[0]!r}: {exc.strerror or exc}"
+            self.job.update_status("failed", error=error, exit_code=ConfigError.exit_code)
+            self.job.event("run_end", state="failed", exit_code=ConfigError.exit_code, message=error)
+            raise ConfigError(f"{error}; check the command after --") from None
+        pid = worker.pid
+        self.pump.new_worker()
+        identity = self.job.identity()
+        write_json_atomic(self.job.file("job.json"), {**identity, "worker_pid": pid})
+        self.job.update_status("starting", worker_pid=pid)
+        self.job.event("worker_start", pid=pid, restarts=self.restarts, failures=self.failures)
+        if self._restart_reason is not None:
+            downtime = time.time() - self._down_since
+            self.job.event("restart", pid=pid, downtime_seconds=downtime, **self._restart_reason)
+            self._restart_reason = None
+        log.info("ferry run: worker pid %d started: %s", pid, shlex.join(self.command))
+        return worker
+
+    def _watch(self, worker: WorkerGroup) -> int:
+        """Forward signals until the worker exits; returns its Popen return code."""
+        assert self.pump is not None
+        while True:
+            self.pump.forward(worker)
+            returncode = worker.poll()
+            if returncode is not None:
+                return returncode
+            self.pump.wait(self.pump.escalate_if_due(worker, POLL_SECONDS))
+
+    # ------------------------------------------------------------------ after the worker
+    def _after_exit(self, worker: WorkerGroup, returncode: int) -> int | None:
+        """The supervisor's exit status, or None to start the worker again."""
+        assert self.job is not None and self.pump is not None
+        self._down_since = time.time()
+        self.pump.forward(worker)  # a stop signal that came with the exit decides against a restart
+        self.job.event(
+            "worker_exit",
+            pid=worker.pid,
+            returncode=returncode,
+            signal=signal_name(-returncode) if returncode < 0 else None,
+        )
+        status = self.job.status()
+        restart = status.get("restart")
+        stop = self.pump.stop_signal
+        started = float(status.get("worker_started", 0) or 0)
+        exited = WorkerExit(
+            returncode=returncode,
+            checkpointed=status.get("state") == "checkpointed" and float(status.get("updated", 0)) >= started,
+            stop_signal=signal_name(stop) if stop is not None else None,
+            killed=self.pump.killed,
+            forwarded=frozenset(signal_name(s) for s in worker.sent),
+            restart=restart if isinstance(restart, dict) else None,
+            restarts=self.restarts,
+            failures=self.failures,
+        )
+        decision = decide(exited, self.options, self.checkpoint_dir)
+        for level, note in decision.notes:
+            log.log(level, "%s", note)
+        if decision.action == "restart":
+            self._restart_in_place(decision)
+            return None
+        if decision.action == "backoff":
+            self.failures += 1
+            self._restart_reason = {
+                "reason": "failure",
+                "returncode": returncode,
+                "backoff_seconds": decision.delay,
+            }
+            if self._sleep(decision.delay):
+                return None
+            return self._end("checkpointed", decision.code, decision.message)
+        code = decision.code
+        if decision.hand_back:  # the scheduler may take the job back (SLURM requeues it)
+            step = self.job.status().get("step")
+            code = self.scheduler.after_checkpoint(
+                step=step if isinstance(step, int) else None, code=code, state_dir=self.job.path
+            )
+        return self._end(decision.action, code, decision.message)
+
+    def _restart_in_place(self, decision: Decision) -> None:
+        assert self.job is not None
+        self.restarts += 1
+        self._restart_env.update(decision.env)
+        status = self.job.status()
+        self._down_since = float(status.get("updated", self._down_since))
+        self.job.update_status("checkpointed", restart=None)  # taken: a later exit must not reuse it
+        self._restart_reason = {"reason": "requested", "env": dict(decision.env), "step": status.get("step")}
+        log.info("%s", decision.message)
+
+    def _sleep(self, seconds: float) -> bool:
+        """Wait with no worker running; False when a stop signal arrives meanwhile."""
+        assert self.pump is not None
+        deadline = time.monotonic() + seconds
+        while True:
+            self.pump.forward(None)
+            if self.pump.stop_signal is not None:
+                return False
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True
+            self.pump.wait(left)
+
+    def _end(self, state: str, code: int, message: str) -> int:
+        assert self.job is not None
+        shutil.rmtree(self._handoff_dir, ignore_errors=True)
+        fields: dict[str, Any] = {"exit_code": code, "ended": time.time()}
+        if state == "failed":
+            fields["error"] = message
+        self.job.update_status(state, **fields)
+        self.job.event("run_end", state=state, exit_code=code, message=message)
+        (log.info if state != "failed" else log.error)("ferry run: %s; exit %d", message, code)
+        return code
