@@ -23,8 +23,10 @@ Call order, in the spirit of orbax's temporary path + finalize and of DCP's "met
    As a context manager the transaction aborts when its block raises; a process that dies
    instead leaves an invisible staging folder, which retention sweeps.
 
-A commit that raised is no commit: the folder is removed on abort, whatever the
-backend had done of it. Steps may be retried (a copy over a flaky network): a file added
+A commit that raised counts as failed: abort removes whatever is left under the staging
+name (a marker that may have landed included). A rename that went through and then could
+not sync its parent folder leaves the checkpoint committed while the save reports a
+failure: nothing is lost either way. Steps may be retried (a copy over a flaky network): a file added
 again replaces its record, and ``commit`` may be called again after it raised.
 """
 
