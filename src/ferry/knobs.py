@@ -80,10 +80,6 @@ ANSWER_FIRST_NOTE_SECONDS = 2.0
 ANSWER_NOTE_SECONDS = 5.0
 """How often "waiting" progress lines follow: quieter, or more reassuring."""
 
-COPY_BUFFER_BYTES = 16 << 20
-"""The buffer of one checkpoint file copy (export, resume): larger means fewer calls to a
-remote store, at this much memory per copy."""
-
 # ---------------------------------------------------------------------- ferry chaos
 CHAOS_PAUSE_SECONDS = (0.3, 1.5)
 """The default ``ferry chaos --pause``: training between two faults. Shorter pauses hit more

@@ -26,6 +26,7 @@ from ferry.config import Config
 from ferry.engine import AsyncSaver, CheckpointInfo, Loaded, apply_state, load, sharded
 from ferry.engine.format import is_stateful
 from ferry.engine.ranks import save_ranked
+from ferry.engine.transfer import Transfer, TransferPolicy
 from ferry.errors import FerryError, NoCheckpointError, UnsupportedStateError
 from ferry.runtime import handoff
 from ferry.runtime.control import ControlInbox, Request
@@ -37,7 +38,6 @@ from ferry.state.generators import GeneratorState
 from ferry.state.grads import Gradients
 from ferry.state.loader import Hooks, LoaderTracker, protect_workers, track_loader, untrack_all
 from ferry.state.rng import GlobalRNG
-from ferry.storage.transfer import Transfer, TransferPolicy
 
 log = logging.getLogger("ferry")
 STATUS_SECONDS = 1.0

@@ -129,6 +129,9 @@ class DiesAtCommit:
             raise Died(f"write {rel}")
         self._inner.write_bytes(rel, data)
 
+    def remove(self, rel: str) -> None:
+        """A dead process cleans nothing up: the save's abort removes nothing."""
+
 
 def save_without_commit(root: str, state: Any, step: int) -> None:
     flat = flatten(state)

@@ -18,9 +18,9 @@ import torch
 
 from ferry.chaos.remote import start_moto
 from ferry.engine import list_checkpoints, load, save
+from ferry.engine.transfer import Transfer, TransferError, TransferPolicy, copy_checkpoint
 from ferry.runtime.procs import stop_process
 from ferry.storage import Storage, open_storage
-from ferry.storage.transfer import Transfer, TransferError, TransferPolicy, copy_checkpoint
 
 from servers import S3Server, XRootDServer, _wait_for_line
 from trainrun import assert_same, env_for, run

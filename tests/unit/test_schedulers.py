@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from ferry.config import Config
+from ferry.engine.transfer import TransferPolicy
 from ferry.errors import ConfigError
 from ferry.schedulers import REGISTRY, SchedulerAdapter, detect
 from ferry.schedulers import kubernetes as k8s
 from ferry.schedulers.htcondor import parse_job_ad, submit_file
 from ferry.schedulers.slurm import SbatchSpec, sbatch_script
 from ferry.schedulers.templates import EXAMPLES
-from ferry.storage.transfer import TransferPolicy
 
 EXAMPLES_DIR = Path(__file__).parents[2] / "examples"
 

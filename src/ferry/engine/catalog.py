@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ferry.errors import NoCheckpointError
 from ferry.storage import Storage, open_storage, strategy_for
-from ferry.storage.atomic import MANIFEST, MARKER
+from ferry.storage.atomic import MANIFEST
 
 _NAME = re.compile(r"^step-(\d{12})(?:\.(\d+))?$")
 
@@ -60,14 +60,8 @@ def apply_retention(storage: Storage, keep_last: int, keep_every: int | None = N
         if strategy.is_staging(name) or (_NAME.match(name) and name not in committed):
             doomed.append(name)
     for name in doomed:
-        # Hide a committed checkpoint in one atomic step before deleting its files: a crash
-        # in the middle of the deletion must not leave a listed, half-deleted checkpoint.
-        if name in committed and storage.atomic_rename:
-            hidden = strategy.staging_name(name)  # a staging folder: the next retention's
-            storage.rename(name, hidden)
-            storage.remove(hidden)
-            continue
         if name in committed:
-            storage.remove(f"{name}/{MARKER}")
-        storage.remove(name)
+            strategy.retract(storage, name)
+        else:
+            storage.remove(name)
     return doomed

@@ -7,68 +7,78 @@ Folder of a checkpoint saved by W ranks::
     rank-R.bin, rank-R.json     rank R >= 1: its own part (RNG streams, data position,
                                 gradients, and its whole state when nothing is replicated)
 
-Every rank writes its files into one staging folder named by rank 0; rank 0 gathers their
-checksums, writes the manifest that lists every file, and commits. A checkpoint is thus
-complete or invisible. Every call here is a collective made on the training thread.
+Every rank writes its files into the staging folder of one commit transaction
+(``ferry.storage.transaction``) that rank 0 began; rank 0 gathers their checksums, writes
+the manifest that lists every file, and commits. A checkpoint is thus complete or
+invisible. Every call here is a collective made on the training thread.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
-from typing import Any
-
-import xxhash
+from typing import Any, Protocol
 
 from ferry.engine import sharded
 from ferry.engine.catalog import apply_retention, split_url
-from ferry.engine.format import flatten, manifest_bytes, unflatten
-from ferry.engine.persist import CheckpointInfo, build_manifest, next_name, write_hashed
+from ferry.engine.format import Flattened, flatten, manifest_bytes, unflatten
+from ferry.engine.persist import CheckpointInfo, build_manifest, next_name
 from ferry.engine.reader import Loaded, check_part, decode_array, read_file
 from ferry.engine.snapshot import HostBuffer, byte_view, snapshot
 from ferry.errors import CorruptCheckpointError, FerryError, StorageError
-from ferry.runtime.distributed import RankGroup
-from ferry.storage import open_storage, strategy_for
-from ferry.storage.atomic import MANIFEST
+from ferry.storage import Transaction, open_storage
+from ferry.storage.hashed import hash_file
 
 
-def _write_part(storage: Any, staging: str, rank: int, state: Any) -> tuple[Any, dict[str, Any], int]:
+class Collectives(Protocol):
+    """What a multi-rank save needs of the job's ranks (``ferry.runtime.distributed.RankGroup``
+    is one). Every call is a collective: all ranks make it, in the same order."""
+
+    rank: int
+    world_size: int
+
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's small, JSON-like ``value``, on every rank."""
+        ...
+
+    def gather(self, value: Any) -> list[Any] | None:
+        """Every rank's small, JSON-like ``value`` on rank 0, by rank; None on the others."""
+        ...
+
+
+def _write_part(txn: Transaction, rank: int, state: Any) -> tuple[Flattened, int]:
     flat = flatten(state)
     host, size = snapshot(flat, HostBuffer())
     data = "data-0.bin" if rank == 0 else f"rank-{rank}.bin"
     for entry in flat.entries:
         entry.file = data
-    files = {data: {"size": size, "xxh3_64": write_hashed(storage, f"{staging}/{data}", byte_view(host))}}
+    txn.add_file(data, byte_view(host))
     if rank:
         doc = json.dumps({"tree": flat.tree, "tensors": [e.to_json() for e in flat.entries]}).encode()
-        storage.write_bytes(f"{staging}/rank-{rank}.json", doc)
-        files[f"rank-{rank}.json"] = {"size": len(doc), "xxh3_64": xxhash.xxh3_64_hexdigest(doc)}
-    return flat, files, size
+        txn.add_file(f"rank-{rank}.json", doc)
+    return flat, size
 
 
-def _write_sharded(
-    storage: Any, staging: str, rank: int, shards: dict[str, Any]
-) -> tuple[dict[str, Any], dict[str, bool]]:
-    """DCP writes the sharded models; each rank then checksums the files it wrote."""
-    folder = storage.local_path(f"{staging}/{sharded.DCP_DIR}")
+def _write_sharded(txn: Transaction, rank: int, shards: dict[str, Any]) -> tuple[dict[str, bool], int]:
+    """DCP writes the sharded models (durably: its writer fsyncs); each rank then records
+    the files it wrote, with their checksums. Returns (with_optim, bytes written)."""
+    folder = txn.local_path(sharded.DCP_DIR)
     if folder is None:
         raise StorageError(
             f"sharded (FSDP) state needs a local or shared-filesystem checkpoint directory, "
-            f"not {storage.url}: stage it locally and transfer it"
+            f"not {txn.storage.url}: stage it locally and transfer it"
         )
     with_optim = sharded.save(shards, folder)
-    files = {}
+    size = 0
     for name in sharded.written_by(folder, rank):
-        with open(os.path.join(folder, name), "rb") as f:
-            blob = f.read()
-        files[f"{sharded.DCP_DIR}/{name}"] = {"size": len(blob), "xxh3_64": xxhash.xxh3_64_hexdigest(blob)}
-    return files, with_optim
+        rel = f"{sharded.DCP_DIR}/{name}"
+        size += txn.add_written(rel, *hash_file(txn.storage, txn.path(rel))).size
+    return with_optim, size
 
 
 def save_ranked(
     url: str,
-    group: RankGroup,
+    group: Collectives,
     state: Any,
     *,
     step: int,
@@ -78,39 +88,33 @@ def save_ranked(
     shards: dict[str, Any] | None = None,
 ) -> CheckpointInfo:
     """Every rank calls this with its own ``state`` (rank 0's includes the shared part), and
-    the same sharded models in ``shards`` (saved collectively through DCP)."""
+    the same sharded models in ``shards`` (saved collectively through DCP).
+
+    Rank 0 begins the transaction and broadcasts its names; every rank joins it and writes
+    its own files; rank 0 gathers their records, commits (or aborts, when any rank failed)
+    and broadcasts the outcome, so that every rank returns or raises alike."""
     t0 = time.perf_counter()
     storage = open_storage(url)
-    strategy = strategy_for(storage)
+    txn: Transaction | None = None
     plan: dict[str, Any] = {}
     if group.rank == 0:
         try:
-            storage.makedirs("")
-            final = next_name(storage.listdir(), step)
-            plan = {"final": final, "staging": strategy.staging_name(final)}
-            storage.makedirs(plan["staging"])
+            txn = Transaction.begin(storage, next_name(storage.listdir(), step))
+            plan = {"final": txn.final, "staging": txn.staging}
         except FerryError as exc:
             plan = {"error": str(exc)}
     plan = group.broadcast(plan)
     if "error" in plan:
         raise StorageError(plan["error"])
-    mine: dict[str, Any]
+    if txn is None:
+        txn = Transaction.join(storage, plan["final"], plan["staging"])
     try:
-        dcp_files: dict[str, Any] = {}
-        if shards:
-            dcp_files, with_optim = _write_sharded(storage, plan["staging"], group.rank, shards)
-            state = {**state, "ferry": {**state["ferry"], "sharded_optimizers": with_optim}}
-        flat, files, size = _write_part(storage, plan["staging"], group.rank, state)
-        files.update(dcp_files)
-        mine = {"files": files, "size": size + sum(int(m["size"]) for m in dcp_files.values())}
-    except FerryError as exc:
-        mine = {"error": f"rank {group.rank}: {exc}"}
-    everyone = group.gather(mine)
-    outcome: dict[str, Any] = {}
-    if everyone is not None:
-        outcome = _commit(storage, plan, everyone, flat if "files" in mine else None, step, meta, group)
-        if "url" in outcome and keep_last:
-            apply_retention(storage, keep_last, keep_every)
+        outcome = _save_part(txn, group, state, step, meta, shards)
+    except BaseException:
+        txn.abort()  # rank 0's; a joined rank leaves the folder to it
+        raise
+    if "url" in outcome and keep_last and group.rank == 0:
+        apply_retention(storage, keep_last, keep_every)
     outcome = group.broadcast(outcome)
     if "error" in outcome:
         raise StorageError(f"the checkpoint of step {step} was not committed: {outcome['error']}")
@@ -118,28 +122,42 @@ def save_ranked(
     return CheckpointInfo(outcome["url"], step, int(outcome["bytes"]), seconds, seconds)
 
 
-def _commit(
-    storage: Any,
-    plan: dict[str, Any],
-    everyone: list[dict[str, Any]],
-    flat: Any,
+def _save_part(
+    txn: Transaction,
+    group: Collectives,
+    state: Any,
     step: int,
     meta: dict[str, Any] | None,
-    group: RankGroup,
+    shards: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    errors = [part["error"] for part in everyone if "error" in part]
-    if errors or flat is None:
-        storage.remove(plan["staging"])
-        return {"error": "; ".join(errors)}
+    """This rank's files; on rank 0 also the commit. Returns rank 0's outcome ({} elsewhere)."""
+    flat: Flattened | None = None
+    mine: dict[str, Any]
     try:
-        files = {name: m for part in everyone for name, m in part["files"].items()}
-        body = build_manifest(flat, step, files, meta, group.world_size)
-        storage.write_bytes(f"{plan['staging']}/{MANIFEST}", manifest_bytes(body))
-        strategy_for(storage).commit(storage, plan["staging"], plan["final"])
+        dcp_size = 0
+        if shards:
+            with_optim, dcp_size = _write_sharded(txn, group.rank, shards)
+            state = {**state, "ferry": {**state["ferry"], "sharded_optimizers": with_optim}}
+        flat, size = _write_part(txn, group.rank, state)
+        mine = {"files": txn.files, "size": size + dcp_size}
     except FerryError as exc:
-        storage.remove(plan["staging"])
+        mine = {"error": f"rank {group.rank}: {exc}"}
+    everyone = group.gather(mine)
+    if everyone is None:
+        return {}
+    try:
+        with txn:
+            errors = [part["error"] for part in everyone if "error" in part]
+            if errors or flat is None:
+                raise StorageError("; ".join(errors))
+            for part in everyone[1:]:
+                for rel, m in part["files"].items():
+                    txn.add_written(rel, int(m["size"]), str(m["xxh3_64"]))
+            body = build_manifest(flat, step, txn.files, meta, group.world_size)
+            txn.commit(manifest_bytes(body))
+    except FerryError as exc:
         return {"error": str(exc)}
-    return {"url": storage.child_url(plan["final"]), "bytes": sum(int(p["size"]) for p in everyone)}
+    return {"url": txn.storage.child_url(txn.final), "bytes": sum(int(p["size"]) for p in everyone)}
 
 
 def rank_part(loaded: Loaded, rank: int) -> Any:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ferry.engine.format import ALIGN, Flattened, layout, torch_dtype
-from ferry.engine.pools import submit
+from ferry.storage.pools import submit
 
 
 class HostBuffer:

@@ -18,11 +18,11 @@ from typing import Any
 
 from ferry.autotrack import BOOT_DIR
 from ferry.errors import ConfigError, JobError, NoCheckpointError
-from ferry.knobs import COPY_BUFFER_BYTES, PROCESS_POLL_SECONDS
+from ferry.knobs import PROCESS_POLL_SECONDS
 from ferry.ops import devices
 from ferry.ops.jobs import JobRecord, command_of, process_env, require_alive, send, wait_answer
-from ferry.storage import Storage, open_storage, strategy_for
-from ferry.storage.atomic import MANIFEST, MARKER
+from ferry.storage import FileRecord, Storage, Transaction, open_storage
+from ferry.storage.atomic import MANIFEST
 from ferry.supervisor.options import check_command
 
 Progress = Callable[[str], None]
@@ -125,9 +125,11 @@ def migrate(record: JobRecord, target: str, timeout: float, progress: Progress) 
 
 # ---------------------------------------------------------------------- bundles
 def copy_checkpoint(src_url: str, dest: Storage, progress: Progress) -> str:
-    """Copy one committed checkpoint into ``dest`` under its own folder name, committed the
-    way ``dest`` commits (rename or marker), verified first. Returns its URL there."""
-    from ferry.engine import list_checkpoints, split_url, verify
+    """Copy one committed checkpoint into ``dest`` under its own folder name, as one commit
+    transaction there (committed the way ``dest`` commits: rename or marker), each file
+    checked against the manifest's checksum before it is made durable. Returns its URL."""
+    from ferry.engine import list_checkpoints, split_url
+    from ferry.engine.format import parse_manifest
 
     src, name = split_url(src_url)
     if name is None:
@@ -135,17 +137,14 @@ def copy_checkpoint(src_url: str, dest: Storage, progress: Progress) -> str:
         if not refs:
             raise NoCheckpointError(f"no committed checkpoint under {src_url}")
         name = refs[-1].name
-    manifest = read_json_bytes(src.read_bytes(f"{name}/{MANIFEST}"))
-    files = [f for f in manifest.get("files", {}) if f != MARKER]
-    strategy = strategy_for(dest)
-    staging = strategy.staging_name(name)
-    dest.makedirs(staging)
+    raw = src.read_bytes(f"{name}/{MANIFEST}")
+    files = parse_manifest(raw, src.child_url(name)).get("files", {})
     total = 0
-    for rel in files:
-        total += _copy_file(src, f"{name}/{rel}", dest, f"{staging}/{rel}")
-    dest.write_bytes(f"{staging}/{MANIFEST}", src.read_bytes(f"{name}/{MANIFEST}"))
-    verify(dest, staging)  # every checksum, before the copy becomes visible
-    strategy.commit(dest, staging, name)
+    with Transaction.begin(dest, name) as txn:
+        for rel, meta in files.items():
+            expect = FileRecord(int(meta["size"]), str(meta["xxh3_64"]))
+            total += txn.add_copy(src, f"{name}/{rel}", rel, expect).size
+        txn.commit(raw)
     progress(f"copied {name} ({total / 2**20:.1f} MiB) to {dest.child_url(name)}")
     return dest.child_url(name)
 
@@ -157,26 +156,6 @@ def read_json_bytes(data: bytes) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise NoCheckpointError("a checkpoint manifest is not a JSON object")
     return doc
-
-
-def _copy_file(src: Storage, src_rel: str, dest: Storage, dest_rel: str) -> int:
-    if "/" in dest_rel.rstrip("/"):
-        dest.makedirs(dest_rel.rsplit("/", 1)[0])
-    reader, writer = src.open_reader(src_rel), dest.open_writer(dest_rel)
-    buf = bytearray(COPY_BUFFER_BYTES)
-    view = memoryview(buf)
-    total = 0
-    try:
-        while n := reader.readinto(view):
-            writer.write(view[:n])
-            total += n
-    except BaseException:
-        writer.abort()
-        raise
-    finally:
-        reader.close()
-    writer.close()
-    return total
 
 
 def relevant_env(env: dict[str, str]) -> dict[str, str]:

@@ -1,12 +1,14 @@
-"""Storage backends, chosen by URL scheme through a registry, and their commit strategies."""
+"""Storage backends, chosen by URL scheme through a registry; their commit strategies, and
+the commit transaction every checkpoint writer goes through."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from ferry.storage.atomic import STRATEGIES, MarkerCommit, RenameCommit
-from ferry.storage.base import CommitStrategy, Reader, Storage, Writer
+from ferry.storage.atomic import MarkerCommit, RenameCommit, strategy_for
+from ferry.storage.base import AtomicRename, CommitStrategy, LocalFiles, Reader, Storage, Writer
+from ferry.storage.transaction import FileRecord, Transaction
 
 
 def _local(url: str, **options: Any) -> Storage:
@@ -35,18 +37,17 @@ def open_storage(url: str, **options: Any) -> Storage:
     return factory(url, **options)
 
 
-def strategy_for(storage: Storage) -> CommitStrategy:
-    """``rename`` where the backend renames atomically, otherwise a commit ``marker``."""
-    return STRATEGIES["rename" if storage.atomic_rename else "marker"]
-
-
 __all__ = [
     "BACKENDS",
+    "AtomicRename",
     "CommitStrategy",
+    "FileRecord",
+    "LocalFiles",
     "MarkerCommit",
     "Reader",
     "RenameCommit",
     "Storage",
+    "Transaction",
     "Writer",
     "open_storage",
     "scheme",

@@ -11,11 +11,18 @@ from __future__ import annotations
 
 import uuid
 
-from ferry.storage.base import CommitStrategy, Storage
+from ferry.errors import StorageError
+from ferry.storage.base import AtomicRename, CommitStrategy, Storage, can_rename
 
 MANIFEST = "manifest.json"
 MARKER = "COMMITTED"
 STAGING_PREFIX = ".staging-"
+
+
+def _renamer(storage: Storage) -> AtomicRename:
+    if not isinstance(storage, AtomicRename):
+        raise StorageError(f"{storage.url} cannot rename folders: commit there with the marker strategy")
+    return storage
 
 
 class RenameCommit:
@@ -25,7 +32,14 @@ class RenameCommit:
         return f"{STAGING_PREFIX}{final}-{uuid.uuid4().hex[:8]}"
 
     def commit(self, storage: Storage, staging: str, final: str) -> None:
-        storage.rename(staging, final)
+        _renamer(storage).rename(staging, final)
+
+    def retract(self, storage: Storage, name: str) -> None:
+        # Hidden under a staging name first: a crash in the middle of the deletion must not
+        # leave a listed, half-deleted checkpoint (the next retention sweeps the rest).
+        hidden = self.staging_name(name)
+        _renamer(storage).rename(name, hidden)
+        storage.remove(hidden)
 
     def is_committed(self, storage: Storage, name: str) -> bool:
         return not self.is_staging(name) and storage.exists(f"{name}/{MANIFEST}")
@@ -43,6 +57,10 @@ class MarkerCommit:
     def commit(self, storage: Storage, staging: str, final: str) -> None:
         storage.write_bytes(f"{final}/{MARKER}", b"committed\n")
 
+    def retract(self, storage: Storage, name: str) -> None:
+        storage.remove(f"{name}/{MARKER}")
+        storage.remove(name)
+
     def is_committed(self, storage: Storage, name: str) -> bool:
         return storage.exists(f"{name}/{MARKER}")
 
@@ -51,3 +69,8 @@ class MarkerCommit:
 
 
 STRATEGIES: dict[str, CommitStrategy] = {"rename": RenameCommit(), "marker": MarkerCommit()}
+
+
+def strategy_for(storage: Storage) -> CommitStrategy:
+    """``rename`` where the backend renames atomically, otherwise a commit ``marker``."""
+    return STRATEGIES["rename" if can_rename(storage) else "marker"]

@@ -1,18 +1,18 @@
 """The storage extension point: where checkpoint bytes live, and how a checkpoint commits.
 
-A checkpoint *root* holds one folder per checkpoint. A save goes through these calls, in
-order, all made by the single writer (rank 0 for the manifest and the commit; every rank
-for its own data files):
+A backend implements ``Storage``, the core: listing, whole and streamed reads and writes,
+folders, removal. Two capabilities are optional, each its own small protocol that the
+code checks with ``isinstance`` where it can make use of one:
 
-1. ``strategy.staging_name(final)``: the folder the data is written to.
-2. ``storage.makedirs(staging)``.
-3. ``storage.open_writer(staging/file)`` for each data file; ``Writer.close()`` makes the
-   bytes durable (fsync on a filesystem, a completed upload on an object store).
-4. ``storage.write_bytes(staging/manifest.json, ...)``, durable as well.
-5. ``strategy.commit(storage, staging, final)``: the checkpoint becomes visible.
+- ``AtomicRename``: renaming a folder is atomic and durable, so a checkpoint commits by
+  renaming its staging folder (the ``rename`` strategy) rather than by a marker file.
+- ``LocalFiles``: the files are on the local filesystem, so the writer can start the
+  kernel's writeback early, folders can be fsynced, and ``torch.distributed.checkpoint``
+  can write sharded state straight into a checkpoint.
 
-Readers only ever list checkpoints through ``strategy.is_committed``, so an interrupted save
-at any of these steps is invisible.
+A backend with only the core commits with the ``COMMITTED`` marker and works everywhere
+except for sharded state. How a save calls into a backend, in order and by whom, is
+written down once, in ``ferry.storage.transaction``.
 """
 
 from __future__ import annotations
@@ -47,44 +47,77 @@ class Storage(Protocol):
     url: str
     """The root, as the user gave it (a local path or an fsspec URL)."""
 
-    atomic_rename: bool
-    """True when renaming a folder is atomic and durable on this backend."""
-
     def child_url(self, rel: str) -> str: ...
 
-    def listdir(self, rel: str = "") -> list[str]: ...
+    def listdir(self, rel: str = "") -> list[str]:
+        """Entry names under ``rel``, sorted; [] when it does not exist."""
+        ...
 
     def exists(self, rel: str) -> bool: ...
 
-    def size(self, rel: str) -> int: ...
+    def size(self, rel: str) -> int:
+        """Bytes in a file; FileNotFoundError when it is missing."""
+        ...
 
     def makedirs(self, rel: str) -> None: ...
 
     def open_writer(self, rel: str) -> Writer: ...
 
-    def open_reader(self, rel: str) -> Reader: ...
+    def open_reader(self, rel: str) -> Reader:
+        """FileNotFoundError when it is missing."""
+        ...
 
-    def read_bytes(self, rel: str) -> bytes: ...
+    def read_bytes(self, rel: str) -> bytes:
+        """A whole small file (a manifest). FileNotFoundError when it is missing."""
+        ...
 
-    def write_bytes(self, rel: str, data: bytes) -> None: ...
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        """A whole small file, durable on return (a marker, a manifest)."""
+        ...
 
-    def rename(self, src: str, dst: str) -> None: ...
-
-    def remove(self, rel: str) -> None: ...
-
-    def local_path(self, rel: str) -> str | None:
-        """The path on the local filesystem, or None for remote backends."""
+    def remove(self, rel: str) -> None:
+        """A file or a folder with everything in it; nothing when it is already gone."""
         ...
 
 
+@runtime_checkable
+class AtomicRename(Protocol):
+    """Capability: folders can be renamed in one atomic, durable step."""
+
+    atomic_rename: bool
+    """False where ``rename`` exists but is not atomic (an object store's copy and delete):
+    such a backend commits with the marker, as one without ``rename`` does."""
+
+    def rename(self, src: str, dst: str) -> None: ...
+
+
+@runtime_checkable
+class LocalFiles(Protocol):
+    """Capability: the files are on the local (or a shared, mounted) filesystem."""
+
+    def local_path(self, rel: str) -> str:
+        """The filesystem path of ``rel``."""
+        ...
+
+
+def can_rename(storage: Storage) -> bool:
+    """Whether ``storage`` renames folders atomically."""
+    return isinstance(storage, AtomicRename) and storage.atomic_rename
+
+
 class CommitStrategy(Protocol):
-    """How a fully written checkpoint folder becomes visible, atomically."""
+    """How a fully written checkpoint folder becomes visible, atomically, and how a
+    committed one is taken back."""
 
     name: str
 
     def staging_name(self, final: str) -> str: ...
 
     def commit(self, storage: Storage, staging: str, final: str) -> None: ...
+
+    def retract(self, storage: Storage, name: str) -> None:
+        """Delete a committed checkpoint; it stops being listed in one atomic step, first."""
+        ...
 
     def is_committed(self, storage: Storage, name: str) -> bool: ...
 

@@ -134,6 +134,8 @@ class FsspecReader:
 
 
 class FsspecStorage:
+    """The core ``Storage``, and ``AtomicRename`` where the protocol's quirks say so."""
+
     def __init__(self, url: str, **options: Any) -> None:
         import fsspec
 
@@ -155,9 +157,6 @@ class FsspecStorage:
 
     def child_url(self, rel: str) -> str:
         return f"{self.url}/{rel}" if rel else self.url
-
-    def local_path(self, rel: str) -> str | None:
-        return None
 
     def _missing(self, path: str) -> bool:
         """Whether ``path`` is absent; asked after a call failed, to name the failure right."""

@@ -1,4 +1,7 @@
-"""Local filesystem backend: direct os calls, fsync for durability, atomic rename."""
+"""Local filesystem backend: direct os calls, fsync for durability, atomic rename.
+
+Implements the core ``Storage`` and both capabilities, ``AtomicRename`` and ``LocalFiles``.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +10,6 @@ import os
 import shutil
 
 from ferry.errors import StorageError
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def storage_error(exc: OSError, what: str) -> StorageError:
@@ -28,6 +23,21 @@ def storage_error(exc: OSError, what: str) -> StorageError:
     else:
         hint = exc.strerror or str(exc)
     return StorageError(f"{what}: {hint}")
+
+
+def fsync_dir(path: str) -> None:
+    """Make a folder's entries durable (the names of the files in it, not only their bytes).
+
+    The one place ferry does this: after a rename, and before a commit for each folder that
+    a checkpoint's files were written to."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise storage_error(exc, f"cannot flush {path}") from exc
 
 
 class LocalWriter:
@@ -79,7 +89,7 @@ class LocalStorage:
     def child_url(self, rel: str) -> str:
         return self._p(rel)
 
-    def local_path(self, rel: str) -> str | None:
+    def local_path(self, rel: str) -> str:
         return self._p(rel)
 
     def listdir(self, rel: str = "") -> list[str]:
@@ -120,9 +130,9 @@ class LocalStorage:
     def rename(self, src: str, dst: str) -> None:
         try:
             os.rename(self._p(src), self._p(dst))
-            _fsync_dir(os.path.dirname(self._p(dst)) or ".")
         except OSError as exc:
             raise storage_error(exc, f"cannot commit {self._p(dst)}") from exc
+        fsync_dir(os.path.dirname(self._p(dst)) or ".")
 
     def remove(self, rel: str) -> None:
         path = self._p(rel)

@@ -7,9 +7,10 @@ the local folder is empty, the restore fetches the newest committed checkpoint f
 remote first. Writing to the remote directly needs no policy: give it as the checkpoint
 folder (``ferry run --dir s3://...``).
 
-A copy goes through the destination's own commit strategy, in this order: data files
-(each checked against the manifest's xxh3 checksum while it streams), the manifest, then
-the commit (a rename, or the ``COMMITTED`` marker on object stores). Every step is retried
+A copy is a commit transaction (``ferry.storage.transaction``) on the destination, in this
+order: data files (each checked against the manifest's xxh3 checksum while it streams),
+the manifest, then the commit through the destination's own strategy (a rename, or the
+``COMMITTED`` marker on object stores). Every step is retried
 with exponential backoff; when the retries run out the copy fails with a ``TransferError``
 that says so, the local checkpoint is kept, and the remote never lists the checkpoint as
 committed: readers skip a folder without its commit.
@@ -27,12 +28,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
-import xxhash
-
+from ferry.engine.catalog import apply_retention, list_checkpoints
+from ferry.engine.format import parse_manifest
 from ferry.errors import ConfigError, StorageError
-from ferry.storage import Storage, open_storage, strategy_for
+from ferry.storage import FileRecord, Storage, Transaction, open_storage, strategy_for
 from ferry.storage.atomic import MANIFEST
 
 log = logging.getLogger("ferry")
@@ -41,7 +43,6 @@ T = TypeVar("T")
 TransferCallback = Callable[[str, str, str], None]
 """``(direction, source URL, destination root URL)``; direction is ``push`` or ``fetch``."""
 MODES = ("background", "sync")
-CHUNK = 8 << 20
 
 
 class TransferError(StorageError):
@@ -104,75 +105,34 @@ def retry(what: str, fn: Callable[[], T], policy: TransferPolicy, failed: list[s
     raise AssertionError("unreachable")
 
 
-def _copy_file(src: Storage, src_rel: str, dst: Storage, dst_rel: str, meta: dict[str, Any]) -> None:
-    if "/" in dst_rel.split("/", 1)[1]:
-        dst.makedirs(dst_rel.rsplit("/", 1)[0])
-    reader = src.open_reader(src_rel)
-    writer = dst.open_writer(dst_rel)
-    try:
-        buffer = memoryview(bytearray(CHUNK))
-        digest, size = xxhash.xxh3_64(), 0
-        while n := reader.readinto(buffer):
-            digest.update(buffer[:n])
-            writer.write(buffer[:n])
-            size += n
-        if size != int(meta["size"]) or digest.hexdigest() != meta["xxh3_64"]:
-            raise StorageError(f"{src.child_url(src_rel)} does not match its manifest (size or checksum)")
-        writer.close()
-    except BaseException:
-        writer.abort()
-        raise
-    finally:
-        reader.close()
-
-
-def _whole(storage: Storage, rel: str, size: int) -> bool:
-    try:
-        return storage.exists(rel) and storage.size(rel) == size
-    except Exception:
-        return False
-
-
 def copy_checkpoint(
     src: Storage, name: str, dst: Storage, policy: TransferPolicy, failed: list[str] | None = None
 ) -> str:
-    """Copy the committed checkpoint ``name`` from root ``src`` to root ``dst``: data,
-    manifest, commit, each retried (the tries retried are appended to ``failed``).
-    Returns its URL under ``dst``. Idempotent."""
-    from ferry.engine.format import parse_manifest
-
-    strategy = strategy_for(dst)
+    """Copy the committed checkpoint ``name`` from root ``src`` to root ``dst`` as one commit
+    transaction there: data, manifest, commit, each step retried (the tries retried are
+    appended to ``failed``). Returns its URL under ``dst``. Idempotent."""
     target = dst.child_url(name)
-    if retry(f"looking for {target}", lambda: strategy.is_committed(dst, name), policy, failed):
+    if retry(f"looking for {target}", lambda: strategy_for(dst).is_committed(dst, name), policy, failed):
         return target
     raw = retry(
         f"reading {src.child_url(name)}", lambda: src.read_bytes(f"{name}/{MANIFEST}"), policy, failed
     )
     files: dict[str, dict[str, Any]] = parse_manifest(raw, src.child_url(name))["files"]
-    staging = strategy.staging_name(name)
-    retry(f"creating {dst.child_url(staging)}", lambda: dst.makedirs(staging), policy, failed)
-    for rel, meta in files.items():
-        retry(
-            f"copying {rel} to {target}",
-            lambda rel=rel, meta=meta: _copy_file(src, f"{name}/{rel}", dst, f"{staging}/{rel}", meta),  # type: ignore[misc]
-            policy,
-            failed,
-        )
-    retry(
-        f"writing the manifest of {target}",
-        lambda: dst.write_bytes(f"{staging}/{MANIFEST}", raw),
-        policy,
-        failed,
-    )
-    # Before the commit: every file is there, whole. A remote that lost some of them while it
-    # was down (a restarted server) must not get a commit marker over a partial checkpoint.
-    missing = [rel for rel, meta in files.items() if not _whole(dst, f"{staging}/{rel}", int(meta["size"]))]
-    if missing:
-        raise TransferError(
-            f"{target}: {', '.join(missing)} went missing on the remote during the copy; not committed "
-            "(the next checkpoint copies again)"
-        )
-    retry(f"committing {target}", lambda: strategy.commit(dst, staging, name), policy, failed)
+    begin = partial(Transaction.begin, dst, name)
+    with retry(f"creating a staging folder for {target}", begin, policy, failed) as txn:
+        for rel, meta in files.items():
+            expect = FileRecord(int(meta["size"]), str(meta["xxh3_64"]))
+            copy = partial(txn.add_copy, src, f"{name}/{rel}", rel, expect)
+            retry(f"copying {rel} to {target}", copy, policy, failed)
+        # Before the commit: every file is there, whole. A remote that lost some of them while
+        # it was down (a restarted server) must not get a commit over a partial checkpoint.
+        missing = txn.missing()
+        if missing:
+            raise TransferError(
+                f"{target}: {', '.join(missing)} went missing on the remote during the copy; not "
+                "committed (the next checkpoint copies again)"
+            )
+        retry(f"committing {target}", partial(txn.commit, raw), policy, failed)
     return target
 
 
@@ -265,8 +225,6 @@ class Transfer:
             raise
         log.info("ferry: checkpoint %s copied to %s (%.2f s)", name, url, time.monotonic() - started)
         if self.policy.keep_last is not None:
-            from ferry.engine.catalog import apply_retention
-
             apply_retention(self.remote, self.policy.keep_last)
         return url
 
@@ -293,8 +251,6 @@ class Transfer:
     def fetch_if_missing(self) -> str | None:
         """No committed checkpoint locally (a new node): fetch the newest from the remote.
         Returns the local URL fetched to, or None when there was a local one or none at all."""
-        from ferry.engine.catalog import list_checkpoints
-
         if list_checkpoints(self.local):
             return None
         callback = self.policy.callback
