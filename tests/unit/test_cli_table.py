@@ -10,9 +10,8 @@ import sys
 
 import click
 import pytest
-from click.utils import make_default_short_help
 
-from ferry.cli import COMMANDS, main
+from ferry.cli import COMMANDS, _short_help, main
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
@@ -22,7 +21,7 @@ def test_the_table_holds_each_commands_own_help(name: str) -> None:
     first = inspect.cleandoc(command.help or "").split("\n\n")[0].replace("\n", " ")
     assert COMMANDS[name][1] == first
     for limit in (30, 45, 80):
-        assert make_default_short_help(COMMANDS[name][1], limit) == command.get_short_help_str(limit)
+        assert _short_help(name, limit) == command.get_short_help_str(limit)
 
 
 def test_every_command_of_the_modules_is_in_the_table() -> None:

@@ -8,7 +8,6 @@ import sys
 
 import click
 from click.shell_completion import CompletionItem
-from click.utils import make_default_short_help
 
 from ferry._version import __version__
 from ferry.errors import FerryError
@@ -58,6 +57,11 @@ paragraph of its help). Modules are imported only when one of their commands run
 texts equal to the commands' own."""
 
 
+def _short_help(name: str, limit: int = 45) -> str:
+    """A command's one-line help, shortened as click shortens the command's own."""
+    return click.Command(name, help=COMMANDS[name][1]).get_short_help_str(limit)
+
+
 class FerryGroup(click.Group):
     """Loads commands on demand; turns ferry's errors into a one-line message and their
     documented exit code."""
@@ -74,7 +78,7 @@ class FerryGroup(click.Group):
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """The command list of ``ferry --help``, from the table: no command module imported."""
         limit = formatter.width - 6 - max(len(name) for name in COMMANDS)
-        rows = [(name, make_default_short_help(COMMANDS[name][1], limit)) for name in self.list_commands(ctx)]
+        rows = [(name, _short_help(name, limit)) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
@@ -83,7 +87,7 @@ class FerryGroup(click.Group):
         if incomplete.startswith("-"):
             return super().shell_complete(ctx, incomplete)
         return [
-            CompletionItem(name, help=make_default_short_help(COMMANDS[name][1]))
+            CompletionItem(name, help=_short_help(name))
             for name in self.list_commands(ctx)
             if name.startswith(incomplete)
         ]
