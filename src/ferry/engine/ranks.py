@@ -98,8 +98,7 @@ def save_ranked(
     try:
         dcp_files: dict[str, Any] = {}
         if shards:
-            dcp_files, with_optim = _write_sharded(storage, plan["staging"], group.rank, shards)
-            state = {**state, "ferry": {**state["ferry"], "sharded_optimizers": with_optim}}
+            dcp_files, _ = _write_sharded(storage, plan["staging"], group.rank, shards)  # in state already
         flat, files, size = _write_part(storage, plan["staging"], group.rank, state)
         files.update(dcp_files)
         mine = {"files": files, "size": size + sum(int(m["size"]) for m in dcp_files.values())}
