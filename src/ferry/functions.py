@@ -45,7 +45,7 @@ class FunctionCheckpoint(Generic[T]):
     def restore(self, default: T) -> T:
         """The value from the newest checkpoint, or ``default`` when starting fresh."""
         self.session.restore()
-        loaded = self.session._loaded
+        loaded = self.session.loaded
         if loaded is None:
             return default
         storage, name = split_url(loaded.url)

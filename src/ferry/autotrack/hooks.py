@@ -82,7 +82,7 @@ def _session() -> Any:
             sys.stderr.write(f"ferry: error: {exc}\n")
             raise SystemExit(1) from None
         current.discover = discover
-        session_module._CURRENT = current
+        session_module.adopt(current)
     return current
 
 

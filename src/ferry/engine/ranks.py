@@ -59,21 +59,22 @@ def _write_part(txn: Transaction, rank: int, state: Any) -> tuple[Flattened, int
     return flat, size
 
 
-def _write_sharded(txn: Transaction, rank: int, shards: dict[str, Any]) -> tuple[dict[str, bool], int]:
+def _write_sharded(txn: Transaction, rank: int, shards: dict[str, Any]) -> int:
     """DCP writes the sharded models (durably: its writer fsyncs); each rank then records
-    the files it wrote, with their checksums. Returns (with_optim, bytes written)."""
+    the files it wrote, with their checksums. Returns the bytes written. Which optimizers
+    were saved is in the training-state tree already (``sharded.optimizers_saved``)."""
     folder = txn.local_path(sharded.DCP_DIR)
     if folder is None:
         raise StorageError(
             f"sharded (FSDP) state needs a local or shared-filesystem checkpoint directory, "
             f"not {txn.storage.url}: stage it locally and transfer it"
         )
-    with_optim = sharded.save(shards, folder)
+    sharded.save(shards, folder)
     size = 0
     for name in sharded.written_by(folder, rank):
         rel = f"{sharded.DCP_DIR}/{name}"
         size += txn.add_written(rel, *hash_file(txn.storage, txn.path(rel))).size
-    return with_optim, size
+    return size
 
 
 def save_ranked(
@@ -136,8 +137,7 @@ def _save_part(
     try:
         dcp_size = 0
         if shards:
-            with_optim, dcp_size = _write_sharded(txn, group.rank, shards)
-            state = {**state, "ferry": {**state["ferry"], "sharded_optimizers": with_optim}}
+            dcp_size = _write_sharded(txn, group.rank, shards)
         flat, size = _write_part(txn, group.rank, state)
         mine = {"files": txn.files, "size": size + dcp_size}
     except FerryError as exc:

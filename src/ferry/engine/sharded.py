@@ -52,13 +52,18 @@ def _state(sharded: dict[str, tuple[nn.Module, list[Any]]], with_optim: dict[str
     return state
 
 
+def optimizers_saved(sharded: dict[str, tuple[nn.Module, list[Any]]]) -> dict[str, bool]:
+    """Per model, whether its optimizers are saved with it. An optimizer that has not stepped
+    yet is left out: DCP would initialize its state with a step of its own, and the run would
+    no longer be the one it was."""
+    return {name: bool(opts) and all(o.state for o in opts) for name, (_, opts) in sharded.items()}
+
+
 def save(sharded: dict[str, tuple[nn.Module, list[Any]]], path: str) -> dict[str, bool]:
-    """Save; returns, per model, whether its optimizers were saved. An optimizer that has not
-    stepped yet is left out: DCP would initialize its state with a step of its own, and the
-    run would no longer be the one it was."""
+    """Save; returns ``optimizers_saved(sharded)``."""
     import torch.distributed.checkpoint as dcp
 
-    with_optim = {name: bool(opts) and all(o.state for o in opts) for name, (_, opts) in sharded.items()}
+    with_optim = optimizers_saved(sharded)
     dcp.save(_state(sharded, with_optim), checkpoint_id=path)  # type: ignore[attr-defined]
     return with_optim
 

@@ -63,31 +63,3 @@ def replicated(objects: dict[str, Any]) -> bool:
 
     modules = [m for m in objects.values() if isinstance(m, nn.Module)]
     return bool(modules) and all(isinstance(m, DistributedDataParallel) for m in modules)
-
-
-def rank_view(loaded: Any, group: RankGroup | None) -> Any:
-    """This rank's state from a checkpoint, checking that the number of ranks allows it."""
-    from ferry.engine.ranks import rank_part
-    from ferry.errors import ConfigError
-
-    saved = int(loaded.manifest.get("world_size", 1))
-    rank, world = (0, 1) if group is None else (group.rank, group.world_size)
-    state = loaded.state
-    if world > saved:
-        raise ConfigError(
-            f"{loaded.url} was saved by {saved} rank(s); resuming on {world} ranks would invent "
-            f"the missing ranks' random streams and data positions: resume with at most {saved}"
-        )
-    if rank > 0:
-        part = rank_part(loaded, rank)
-        state = {"objects": part.get("objects", state.get("objects", {})), "ferry": part["ferry"]}
-    if world != saved:
-        for name, pos in state["ferry"]["loaders"].items():
-            if pos["batches"] not in (0, pos.get("length")):
-                raise ConfigError(
-                    f"{loaded.url} (step {loaded.step}) was taken mid-epoch by {saved} ranks, and "
-                    f"{name}'s DistributedSampler shards change with the number of ranks: resume "
-                    f"it on {saved} ranks, or from a checkpoint taken at an epoch boundary"
-                )
-            pos["complete"] = pos["batches"] == pos.get("length") and pos["batches"] > 0
-    return state

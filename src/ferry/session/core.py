@@ -1,0 +1,377 @@
+"""The session object: tracked state, safe points, signals and control requests, and the
+save and stop that follow from them. What to do at a safe point is decided in ``policy``;
+how to write in ``checkpointer``; how to resume in ``restore``; what to tell in ``reporting``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from ferry.config import Config
+from ferry.engine import CheckpointInfo, Loaded
+from ferry.engine.format import is_stateful
+from ferry.engine.transfer import Transfer, TransferPolicy
+from ferry.errors import FerryError, UnsupportedStateError
+from ferry.runtime.control import ControlInbox, Request
+from ferry.runtime.jobdir import JobDir
+from ferry.runtime.signals import SignalRequests
+from ferry.schedulers import detect as detect_scheduler
+from ferry.session import checkpointer, policy, resume
+from ferry.session.reporting import Reporter
+from ferry.state.generators import GeneratorState
+from ferry.state.loader import Hooks, LoaderTracker, protect_workers, track_loader, untrack_all
+from ferry.state.training import TrainingState
+
+log = logging.getLogger("ferry")
+STATUS_SECONDS = 1.0
+
+
+def _register_exit(hook: Callable[[], None]) -> None:
+    """Run ``hook`` when the main thread ends, before concurrent.futures stops its thread
+    pools (which atexit would be too late for: a save in flight needs them to commit)."""
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is not None:
+            register(hook)
+            return
+    except RuntimeError:  # interpreter already shutting down
+        pass
+    atexit.register(hook)
+
+
+def _default_logging() -> None:
+    """ferry's lines go to stderr unless the program configured logging itself."""
+    if not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+class Session(Hooks):
+    """Everything ferry knows about the training loop of this process."""
+
+    def __init__(self, config: Config | None = None, signals: SignalRequests | None = None) -> None:
+        self.config = config or Config.from_env()
+        _default_logging()
+        self.objects: dict[str, Any] = {}
+        self.loaders: dict[str, LoaderTracker] = {}
+        self.driver: LoaderTracker | None = None
+        self.global_step = 0
+        self.resumed = False
+        self.restored_step: int | None = None
+        self.extra_files: Any = None  # set by FunctionCheckpoint: () -> dict[name, bytes]
+        self._resume: resume.Resume | None = None
+        self._stopping = False
+        self._closed = False
+        self._last_step = -1
+        self._last_time = time.monotonic()
+        self._next_poll = 0.0
+        self._next_status = time.monotonic() + STATUS_SECONDS
+        self._requests: list[Request] = []
+        self.job_id = (
+            self.config.job_id or os.environ.get("FERRY_JOB_ID") or f"{socket.gethostname()}-{os.getpid()}"
+        )
+        self.checkpointer = checkpointer.for_process(self.config, self._committed, self._failed)
+        self.job = JobDir.create(self.job_id, self.config.job_dir)
+        if not self.checkpointer.leads:
+            self.job.writer = False
+            log.setLevel(logging.WARNING)  # rank 0 reports for the job
+        self.job.write_identity(
+            id=self.job_id, pid=os.getpid(), argv=[sys.executable, *sys.argv], checkpoint_dir=self.config.dir
+        )
+        if self.job.writer and "FERRY_SUPERVISOR_PID" not in os.environ:  # else `ferry run` holds it
+            try:
+                self.job.acquire_lock()
+            except FerryError as exc:
+                log.warning("ferry: %s", exc)
+        self.inbox = ControlInbox(self.job)
+        if signals is None:  # zero-code mode hands over the handlers armed at start-up
+            signals = SignalRequests(self.config.stop_signals, self.config.checkpoint_signals)
+            signals.install()
+        self.signals = signals
+        self.discover: Callable[[], dict[str, Any]] | None = None
+        """Zero-code mode: finds the state to save at the restore point and each checkpoint."""
+        self.last_batch_from: LoaderTracker | None = None
+        self._driver_pinned = False
+        self._warned_rngs = False
+        self.transfer: Transfer | None = None  # docs/transfer.md
+        if self.config.remote and self.job.writer:
+            self.transfer = Transfer(self.config.dir, TransferPolicy(remote=self.config.remote))
+            if self.config.resume:
+                self.transfer.fetch_if_missing()
+        # its scheduler's grace period is checked after each commit
+        self.report = Reporter(self.config, self.job, self.inbox, detect_scheduler(), self.transfer, self)
+        if self.config.resume:
+            self._resume = resume.find(self.config.dir, self.checkpointer)
+            if self._resume is not None:
+                self.resumed, self.restored_step = True, self._resume.step
+        self.job.update_status("running", step=self.global_step, pid=os.getpid())
+        _register_exit(self._atexit)
+        self._previous_excepthook = sys.excepthook
+        sys.excepthook = self._excepthook
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
+    def loaded(self) -> Loaded | None:
+        """The checkpoint being resumed, or None when starting fresh."""
+        return None if self._resume is None else self._resume.loaded
+
+    # ------------------------------------------------------------------ tracking
+    def track(self, **objects: Any) -> None:
+        """Track objects by name: Stateful objects, plain dicts/lists, DataLoaders."""
+        new_loaders = []
+        for name, obj in objects.items():
+            if isinstance(obj, DataLoader):
+                tracker = track_loader(name, obj, self)
+                protect_workers(obj, self.signals.signals)
+                self.loaders[name] = tracker
+                new_loaders.append(tracker)
+                if self.driver is None or name == "loader":
+                    self.driver = tracker
+                    self._driver_pinned = name == "loader"
+            elif is_stateful(obj) or isinstance(obj, (dict, list)):
+                self.objects[name] = obj
+            elif GeneratorState.accepts(obj):
+                self.objects[name] = GeneratorState(obj)
+            else:
+                raise UnsupportedStateError(
+                    f"ferry.track({name}=...) got a {type(obj).__name__}: track objects with "
+                    "state_dict()/load_state_dict(), dicts or lists updated in place, random "
+                    "generators, or DataLoaders"
+                )
+        found = self._resume
+        if found is None:
+            return
+        if found.done:  # tracked after the restore: catch up now
+            found.catch_up({k: self.objects[k] for k in objects if k in self.objects}, new_loaders)
+        elif self.loaders:
+            found.pending = True
+            if found.state.driver in self.loaders:
+                self.driver = self.loaders[found.state.driver]
+            for tracker in new_loaders:
+                found.resume_loader(tracker, relative=False, driver=tracker is self.driver)
+        else:
+            self.restore()
+
+    def saved_state(self, name: str) -> Any:
+        """The state saved under ``name`` in the checkpoint being resumed, or None when starting
+        fresh: for integrations that need a value (an epoch) before the objects can be tracked."""
+        return None if self._resume is None else self._resume.state.saved_object(name)
+
+    # ------------------------------------------------------------------ restore
+    def restore(self) -> int | None:
+        """Restore the checkpoint now (instead of at the first safe point); returns its step."""
+        if self._resume is None or self._resume.done:
+            return self.restored_step
+        self._restore_all()
+        for tracker in self.loaders.values():
+            self._resume.resume_loader(tracker, relative=True, driver=tracker is self.driver)
+        return self.restored_step
+
+    def _discover(self) -> None:
+        if self.discover is not None:
+            self.objects.update(self.discover())
+
+    def _restore_all(self) -> None:
+        assert self._resume is not None
+        t0 = time.perf_counter()
+        self._discover()
+        seconds = self._resume.apply(self.objects, self.loaders, t0)
+        self.global_step = self._last_step = self._resume.state.global_step
+        self.report.resumed(self._resume.loaded.url, self.global_step, seconds)
+
+    # ------------------------------------------------------------------ hooks
+    def fast_forwarding(self, tracker: LoaderTracker) -> bool:
+        return self._restore_pending
+
+    def at_restore_point(self, tracker: LoaderTracker) -> None:
+        if self._restore_pending:
+            self._restore_all()
+
+    @property
+    def _restore_pending(self) -> bool:
+        return self._resume is not None and self._resume.pending
+
+    def before_batch(self, tracker: LoaderTracker) -> None:
+        if tracker is self.driver:
+            self._safe_point()
+
+    def after_batch(self, tracker: LoaderTracker) -> None:
+        self.last_batch_from = tracker
+        if tracker is self.driver:
+            self.global_step += 1
+
+    def note_optimizer_step(self) -> None:
+        """The loader that fed the last batch before an optimizer step is the training loader."""
+        feeding = self.last_batch_from
+        if feeding is not None and feeding is not self.driver and not self._driver_pinned:
+            log.info("ferry: %s feeds training; its batches are the safe points", feeding.name)
+            self.driver = feeding
+            self._driver_pinned = True
+
+    def step(self) -> None:
+        """Mark the end of a training iteration: a safe point. Without a tracked DataLoader it
+        also counts the step (with one, the loader's batches are the steps)."""
+        if self.driver is None:
+            self.global_step += 1
+        self._safe_point()
+
+    def request(self, action: str = "checkpoint") -> None:
+        """Ask for a checkpoint (or a checkpoint and stop) at the next safe point."""
+        self._requests.append(Request(f"local-{time.time_ns()}", action, time.time()))
+
+    # ------------------------------------------------------------------ safe points
+    def _safe_point(self) -> None:
+        if policy.idle(stopping=self._stopping, restore_pending=self._restore_pending):
+            return
+        if self.discover is not None and not self._warned_rngs:
+            self._warn_uncaptured()
+        now = time.monotonic()
+        if now >= self._next_poll:
+            self._requests.extend(self.inbox.poll())
+            self._next_poll = now + self.config.control_poll_seconds
+        if now >= self._next_status:  # a heartbeat for `ferry list` / `ferry status`
+            self.job.update_status("running", step=self.global_step)
+            self._next_status = now + STATUS_SECONDS
+        point = self._point(now)
+        decision = policy.decide(point, self.checkpointer.agree(policy.wish(point)))
+        if decision.action is policy.Action.NOTHING:
+            return
+        self.signals.checkpoint_requested = False
+        requests, self._requests = self._requests, []
+        if decision.action is policy.Action.STOP:
+            self._stop(requests, decision.why)
+        else:
+            self._save(requests)
+
+    def _point(self, now: float) -> policy.SafePoint:
+        return policy.SafePoint(
+            now=now,
+            step=self.global_step,
+            last_saved_step=self._last_step,
+            last_saved_time=self._last_time,
+            every_steps=self.config.every_steps,
+            every_seconds=self.config.every_seconds,
+            stop_signal=self.signals.stop_signal,
+            checkpoint_signal=self.signals.checkpoint_requested,
+            requests=tuple(r.action for r in self._requests),
+        )
+
+    def _warn_uncaptured(self) -> None:
+        self._warned_rngs = True
+        from ferry.autotrack.discovery import uncaptured_rngs
+
+        for what in uncaptured_rngs():
+            log.warning(
+                "ferry: warning: the script's global %s is not captured in zero-code mode "
+                "and a resumed run may differ; ferry.track() it",
+                what,
+            )
+
+    # ------------------------------------------------------------------ checkpoints
+    def _capture(self) -> TrainingState:
+        self._discover()
+        return TrainingState.capture(
+            self.objects,
+            self.loaders,
+            global_step=self.global_step,
+            driver=None if self.driver is None else self.driver.name,
+            keep_objects=self.checkpointer.keeps_objects,
+        )
+
+    def _save(self, requests: list[Request]) -> None:
+        self._last_step, self._last_time = self.global_step, time.monotonic()
+        self.job.update_status("checkpointing", step=self.global_step)
+        self.report.awaiting(self.global_step, requests)
+        try:
+            self._write(blocking=not self.config.async_save)
+        except FerryError as exc:
+            self._failed(self.global_step, exc)
+
+    def _write(self, blocking: bool) -> CheckpointInfo | None:
+        """Save the state: in the background when the checkpointer can and ``blocking`` is
+        False; the files of a FunctionCheckpoint are written first, the state captured after."""
+        extra = self.extra_files() if self.extra_files else None
+        return self.checkpointer.write(
+            self._capture(),
+            objects=self.objects,
+            meta={"job_id": self.job_id, "argv": sys.argv},
+            extra_files=extra,
+            blocking=blocking,
+        )
+
+    def _committed(self, info: CheckpointInfo) -> None:
+        self.report.committed(info)
+
+    def _failed(self, step: int, exc: Exception) -> None:
+        self.report.failed(step, exc)
+
+    def _stop(self, requests: list[Request], why: str) -> None:
+        self._stopping = True
+        self.report.stopping(self.global_step, why)
+        try:
+            try:
+                self.checkpointer.wait()
+            except FerryError as exc:
+                log.warning("ferry: the previous checkpoint had failed: %s", exc)
+            self.report.awaiting(self.global_step, requests)
+            self._last_step = self.global_step
+            info = self._write(blocking=True)
+            assert info is not None
+        except Exception as exc:  # whatever went wrong, the job must say so and exit distinctly
+            code = self.report.stop_failed(self.global_step, exc, requests)
+            self.close()
+            raise SystemExit(code) from exc
+        restart = next((r.env or {} for r in requests if r.action == "restart"), None)
+        if restart is not None:
+            self.checkpointer.hand_over(self._capture)
+        code = self.report.stopped(info, restart)
+        self.close()
+        raise SystemExit(code)
+
+    # ------------------------------------------------------------------ teardown
+    def close(self) -> None:
+        """Wait for the save in flight, put signal handlers and hooks back, release the job."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.checkpointer.close()
+        except FerryError as exc:
+            log.error("ferry: the last checkpoint failed: %s", exc)
+        if self.transfer is not None:
+            self.transfer.close(self.config.grace_seconds)
+        self.signals.uninstall()
+        self.job.release_lock()
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self._previous_excepthook
+        untrack_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _excepthook(self, kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        """An uncaught exception ends the job as failed, not finished."""
+        self.report.crashed(self.global_step, kind, value)
+        self._previous_excepthook(kind, value, tb)
+
+    def _atexit(self) -> None:
+        if not self._closed:
+            self.close()
+            self.report.finished(self.global_step)

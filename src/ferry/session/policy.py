@@ -1,0 +1,107 @@
+"""What to do at a safe point, decided from plain values; the session does the I/O around it.
+
+A safe point goes through three steps, with the ranks' agreement in between::
+
+    idle(...)              -> why nothing at all happens here (no polling, no agreement), or None
+    wish(point)            -> what this rank would like: stop? save?
+    decide(point, agreed)  -> what every rank does, given the union of all ranks' wishes
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+from dataclasses import dataclass
+
+
+class Action(enum.Enum):
+    NOTHING = "nothing"
+    SAVE = "save"
+    STOP = "stop"
+    """Save a checkpoint, then exit with the configured exit code."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SafePoint:
+    """What the session knows at a safe point."""
+
+    now: float
+    """time.monotonic() at this safe point."""
+    step: int
+    """Steps done so far."""
+    last_saved_step: int
+    """The step of the last save or restore (-1 before either)."""
+    last_saved_time: float
+    """When the last save began (the session's start before any)."""
+    every_steps: int | None = None
+    every_seconds: float | None = None
+    stop_signal: int | None = None
+    """The number of a stop signal received, if any."""
+    checkpoint_signal: bool = False
+    """A checkpoint signal was received since the last save."""
+    requests: tuple[str, ...] = ()
+    """The actions of the control requests waiting: "checkpoint", "stop" or "restart"."""
+
+
+@dataclass(frozen=True)
+class Wish:
+    stop: bool = False
+    save: bool = False
+
+    def __or__(self, other: Wish) -> Wish:
+        return Wish(self.stop or other.stop, self.save or other.save)
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    why: str
+    """For a stop, the words of its log line ("SIGTERM", "a stop request", ...)."""
+
+
+def idle(*, stopping: bool, restore_pending: bool) -> str | None:
+    """Why a safe point does nothing at all, or None. Every rank is idle alike: a stop ends
+    them all, and the restore point is the same batch on each."""
+    if stopping:
+        return "already stopping"
+    if restore_pending:
+        return "the checkpoint is restored at the first batch; nothing is saved before"
+    return None
+
+
+def due(point: SafePoint) -> bool:
+    """Is a periodic checkpoint due? Never at step 0, never twice for one step."""
+    by_steps = point.every_steps is not None and point.step > 0 and point.step % point.every_steps == 0
+    by_time = point.every_seconds is not None and point.now - point.last_saved_time >= point.every_seconds
+    return (by_steps or by_time) and point.step != point.last_saved_step
+
+
+def wish(point: SafePoint) -> Wish:
+    """This rank's wish: any request or checkpoint signal saves (even a step already saved:
+    its asker waits for an answer); a stop signal or a stop/restart request stops."""
+    stop = point.stop_signal is not None or any(a != "checkpoint" for a in point.requests)
+    save = due(point) or bool(point.requests) or point.checkpoint_signal
+    return Wish(stop=stop, save=save)
+
+
+def decide(point: SafePoint, agreed: Wish) -> Decision:
+    """What to do, given what the ranks agreed (``wish(point)`` alone with one process)."""
+    if agreed.stop:
+        return Decision(Action.STOP, _stop_reason(point))
+    if not agreed.save:
+        return Decision(Action.NOTHING, "nothing due")
+    if point.requests:
+        return Decision(Action.SAVE, "a checkpoint request")
+    if point.checkpoint_signal:
+        return Decision(Action.SAVE, "a checkpoint signal")
+    if due(point):
+        return Decision(Action.SAVE, "due")
+    return Decision(Action.SAVE, "a checkpoint asked of another rank")
+
+
+def _stop_reason(point: SafePoint) -> str:
+    if point.stop_signal is not None:
+        return signal.Signals(point.stop_signal).name
+    if point.requests:  # a checkpoint request too, when another rank asked the stop
+        return "a stop request"
+    return "a stop asked of another rank"

@@ -1,0 +1,159 @@
+"""What the session tells the world: its log lines, the job folder's status and events, the
+answers to control requests, and the copy of each commit to the remote."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Protocol
+
+from ferry.config import Config
+from ferry.engine import CheckpointInfo
+from ferry.engine.transfer import Transfer
+from ferry.runtime.control import ControlInbox, Request
+from ferry.runtime.jobdir import JobDir
+from ferry.schedulers import SchedulerAdapter
+
+log = logging.getLogger("ferry")
+
+
+class Progress(Protocol):
+    """The session as the reporter sees it: a commit may be reported from the saver's
+    thread while training goes on, so these are read when the report is made."""
+
+    global_step: int
+
+    @property
+    def stopping(self) -> bool: ...
+
+
+def size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
+
+
+class Reporter:
+    def __init__(
+        self,
+        config: Config,
+        job: JobDir,
+        inbox: ControlInbox,
+        scheduler: SchedulerAdapter,
+        transfer: Transfer | None,
+        progress: Progress,
+    ) -> None:
+        self.config, self.job, self.inbox = config, job, inbox
+        self.scheduler, self.transfer, self.progress = scheduler, transfer, progress
+        self._awaiting: dict[int, list[Request]] = {}
+        self._warned_grace = False
+
+    def awaiting(self, step: int, requests: list[Request]) -> None:
+        """These requests are answered once the save of ``step`` commits or fails."""
+        self._awaiting.setdefault(step, []).extend(requests)
+
+    def committed(self, info: CheckpointInfo) -> None:
+        """Called on the persist thread once a checkpoint is committed."""
+        log.info(
+            "ferry: checkpoint step %d -> %s (%s, %.2f s, %.2f GB/s, training blocked %.3f s)",
+            info.step,
+            info.url,
+            size(info.nbytes),
+            info.seconds,
+            info.gbps,
+            info.blocking_seconds,
+        )
+        entry = {
+            "step": info.step,
+            "url": info.url,
+            "bytes": info.nbytes,
+            "seconds": info.seconds,
+            "blocking_seconds": info.blocking_seconds,
+            "time": time.time(),
+        }
+        self.job.record_checkpoint(entry)
+        if self.transfer is not None:
+            self._push(info.url.rstrip("/").rsplit("/", 1)[-1], info.step)
+        self.job.event("checkpoint", **entry)
+        self._warn_grace(info.seconds)
+        for r in self._awaiting.pop(info.step, []):
+            self.inbox.respond(r.id, ok=True, step=info.step, url=info.url, seconds=info.seconds)
+        if not self.progress.stopping:
+            self.job.update_status("running", step=self.progress.global_step)
+
+    def failed(self, step: int, exc: Exception) -> None:
+        """The save of ``step`` failed: say so, answer its requests, train on. Called on the
+        training thread, or on the saver's when a background save fails."""
+        log.error("ferry: checkpoint failed: %s", exc)
+        self.job.event("checkpoint_failed", step=step, error=str(exc))
+        for r in self._awaiting.pop(step, []):
+            self.inbox.respond(r.id, ok=False, error=str(exc))
+        if not self.progress.stopping:
+            self.job.update_status("running", step=self.progress.global_step)
+
+    def _warn_grace(self, seconds: float) -> None:
+        grace = self.config.grace_seconds
+        if grace and seconds > 0.8 * grace:
+            log.warning(
+                "ferry: warning: a checkpoint took %.1f s, over 80%% of the %.0f s grace period; "
+                "a stop may be killed before it commits: raise the grace period or save less state",
+                seconds,
+                grace,
+            )
+        advice = self.scheduler.grace_warning(seconds)
+        if advice is not None and not self._warned_grace:
+            self._warned_grace = True
+            log.warning("%s", advice)
+
+    def _push(self, name: str, step: int) -> None:
+        """Copy a committed checkpoint to the remote; the outcome lands in the job's events."""
+        assert self.transfer is not None
+        handle = self.transfer.push(name)
+
+        def record(error: BaseException | None, url: str | None) -> None:
+            retried = len(handle.failed)
+            if error is None:
+                self.job.event("remote_copy", step=step, url=url, retried=retried)
+            else:
+                self.job.event("remote_copy_failed", step=step, name=name, retried=retried, error=str(error))
+
+        handle.on_done(record)
+
+    # ------------------------------------------------------------------ the job's end
+    def resumed(self, url: str, step: int, seconds: float) -> None:
+        log.info("ferry: resumed from %s at step %d (restore %.2f s)", url, step, seconds)
+        self.job.update_status("resumed", step=step, resumed_from=url)
+        self.job.event("resume", step=step, url=url, seconds=seconds)
+
+    def stopping(self, step: int, why: str) -> None:
+        log.info("ferry: stopping at step %d on %s: saving a checkpoint first", step, why)
+        self.job.update_status("checkpointing", step=step)
+
+    def stop_failed(self, step: int, exc: Exception, requests: list[Request]) -> int:
+        """The checkpoint of a stop did not commit; returns the exit code that says so."""
+        code = self.config.failure_exit_code
+        log.error(
+            "ferry: could not commit a checkpoint before stopping (%s); exiting with %d, "
+            "the last good checkpoint is untouched",
+            exc,
+            code,
+        )
+        for r in requests:
+            self.inbox.respond(r.id, ok=False, error=str(exc))
+        self.job.update_status("failed", step=step, error=str(exc), exit_code=code)
+        return code
+
+    def stopped(self, info: CheckpointInfo, restart: dict[str, str] | None) -> int:
+        """The checkpoint of a stop committed; returns the exit code that asks for a resume."""
+        code = self.config.exit_code
+        self.job.update_status("checkpointed", step=info.step, exit_code=code, url=info.url, restart=restart)
+        self.job.event("stop", step=info.step, url=info.url, exit_code=code)
+        log.info("ferry: checkpointed at step %d, exiting with %d (resume me)", info.step, code)
+        return code
+
+    def crashed(self, step: int, kind: type[BaseException], value: BaseException) -> None:
+        """An uncaught exception ends the job as failed, not finished."""
+        self.job.update_status("failed", step=step, error=f"{kind.__name__}: {value}")
+        self.job.event("failed", step=step, error=f"{kind.__name__}: {value}")
+
+    def finished(self, step: int) -> None:
+        if self.job.status().get("state") in ("running", "resumed", "checkpointing"):
+            self.job.update_status("finished", step=step)

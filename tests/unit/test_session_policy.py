@@ -1,0 +1,160 @@
+"""What the session does at a safe point, from a table: one row a case to check by eye."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from ferry.session.policy import Action, SafePoint, Wish, decide, due, idle, wish
+
+NOTHING, SAVE, STOP = Action.NOTHING, Action.SAVE, Action.STOP
+TERM, USR1 = int(signal.SIGTERM), int(signal.SIGUSR1)
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    action: Action
+    why: str
+    point: dict[str, Any] = field(default_factory=dict)
+    """SafePoint fields other than the defaults below."""
+    others: Wish = field(default_factory=Wish)
+    """What the other ranks wished (nothing, with one process)."""
+    stopping: bool = False
+    restore_pending: bool = False
+
+
+# now=100.0 throughout; the last save (or the start) at t=0, step -1 unless a row says otherwise
+ROWS = [
+    Row("nothing configured, nothing asked", NOTHING, "nothing due", {"step": 7}),
+    Row("step 0 never saves periodically", NOTHING, "nothing due", {"step": 0, "every_steps": 5}),
+    Row("every 5 steps: step 10 saves", SAVE, "due", {"step": 10, "every_steps": 5}),
+    Row("every 5 steps: step 11 does not", NOTHING, "nothing due", {"step": 11, "every_steps": 5}),
+    Row(
+        "step 10 already saved (or restored) is not saved again",
+        NOTHING,
+        "nothing due",
+        {"step": 10, "every_steps": 5, "last_saved_step": 10},
+    ),
+    Row("every 60 s, 100 s since the last save", SAVE, "due", {"step": 3, "every_seconds": 60.0}),
+    Row(
+        "every 60 s, 40 s since the last save",
+        NOTHING,
+        "nothing due",
+        {"step": 3, "every_seconds": 60.0, "last_saved_time": 60.0},
+    ),
+    Row(
+        "every 60 s, exactly 60 s since",
+        SAVE,
+        "due",
+        {"step": 3, "every_seconds": 60.0, "last_saved_time": 40.0},
+    ),
+    Row(
+        "the seconds are due, but this step was just saved",
+        NOTHING,
+        "nothing due",
+        {"step": 3, "every_seconds": 60.0, "last_saved_step": 3},
+    ),
+    Row("a checkpoint signal saves", SAVE, "a checkpoint signal", {"step": 4, "checkpoint_signal": True}),
+    Row(
+        "a checkpoint signal saves a step already saved",
+        SAVE,
+        "a checkpoint signal",
+        {"step": 4, "checkpoint_signal": True, "last_saved_step": 4},
+    ),
+    Row("a checkpoint request saves", SAVE, "a checkpoint request", {"step": 4, "requests": ("checkpoint",)}),
+    Row(
+        "a checkpoint request at step 0",
+        SAVE,
+        "a checkpoint request",
+        {"step": 0, "requests": ("checkpoint",)},
+    ),
+    Row("a stop signal stops", STOP, "SIGTERM", {"step": 4, "stop_signal": TERM}),
+    Row("SIGUSR1 as a stop signal", STOP, "SIGUSR1", {"step": 4, "stop_signal": USR1}),
+    Row(
+        "a stop beats a periodic save of the same step",
+        STOP,
+        "SIGTERM",
+        {"step": 10, "every_steps": 5, "stop_signal": TERM},
+    ),
+    Row("a stop request stops", STOP, "a stop request", {"step": 4, "requests": ("stop",)}),
+    Row("a restart request stops", STOP, "a stop request", {"step": 4, "requests": ("restart",)}),
+    Row(
+        "a stop among checkpoint requests stops",
+        STOP,
+        "a stop request",
+        {"step": 4, "requests": ("checkpoint", "stop")},
+    ),
+    Row(
+        "the signal names the stop, over a request",
+        STOP,
+        "SIGTERM",
+        {"step": 4, "stop_signal": TERM, "requests": ("stop",)},
+    ),
+    Row(
+        "another rank's stop stops this one",
+        STOP,
+        "a stop asked of another rank",
+        {"step": 4},
+        Wish(stop=True),
+    ),
+    Row(
+        "another rank's stop, while a checkpoint was asked here",
+        STOP,
+        "a stop request",
+        {"step": 4, "requests": ("checkpoint",)},
+        Wish(stop=True),
+    ),
+    Row(
+        "another rank's checkpoint saves this one too",
+        SAVE,
+        "a checkpoint asked of another rank",
+        {"step": 4},
+        Wish(save=True),
+    ),
+    Row(
+        "already stopping: nothing, even on a signal",
+        NOTHING,
+        "already stopping",
+        {"step": 4, "stop_signal": TERM},
+        stopping=True,
+    ),
+    Row(
+        "before the restore point: nothing, even when due",
+        NOTHING,
+        "the checkpoint is restored at the first batch; nothing is saved before",
+        {"step": 10, "every_steps": 5, "requests": ("checkpoint",)},
+        restore_pending=True,
+    ),
+]
+
+
+def outcome(row: Row) -> tuple[Action, str]:
+    """A safe point as the session goes through it, with the ranks' agreement a union."""
+    why = idle(stopping=row.stopping, restore_pending=row.restore_pending)
+    if why is not None:
+        return NOTHING, why
+    point = SafePoint(**{"now": 100.0, "last_saved_step": -1, "last_saved_time": 0.0, **row.point})
+    decision = decide(point, wish(point) | row.others)
+    return decision.action, decision.why
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_safe_point(row: Row) -> None:
+    assert outcome(row) == (row.action, row.why)
+
+
+def test_a_wish_is_what_this_rank_alone_asks() -> None:
+    point = SafePoint(now=5.0, step=3, last_saved_step=-1, last_saved_time=0.0, requests=("restart",))
+    assert wish(point) == Wish(stop=True, save=True)
+    assert wish(SafePoint(now=5.0, step=3, last_saved_step=-1, last_saved_time=0.0)) == Wish()
+
+
+def test_both_triggers_count_once_per_step() -> None:
+    point = SafePoint(
+        now=100.0, step=10, last_saved_step=10, last_saved_time=0.0, every_steps=5, every_seconds=1
+    )
+    assert not due(point)
