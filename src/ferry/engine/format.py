@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,7 +154,7 @@ _TAGS = {"__float__", "__tensor__", "__ndarray__", "__npscalar__", "__bytes__", 
          "__tuple__", "__dtype__", "__device__", "__stateful__"}  # fmt: skip
 
 
-def unflatten(tree: Any, arrays: list[Any]) -> Any:
+def unflatten(tree: object, arrays: Sequence[object]) -> Any:
     """Decode a skeleton; ``arrays[i]`` replaces tensor index ``i``."""
     if tree is None or isinstance(tree, (bool, int, float, str)):
         return tree
@@ -194,7 +195,7 @@ def unflatten(tree: Any, arrays: list[Any]) -> Any:
     return unflatten(tree["state"], arrays)  # __stateful__: its state dict
 
 
-def _hashable(k: Any) -> Any:
+def _hashable(k: object) -> object:
     if isinstance(k, list):
         raise UnsafeCheckpointError("manifest uses a list as a dict key")
     return k
@@ -210,7 +211,7 @@ def torch_dtype(name: str) -> torch.dtype:
 def _safe_np_dtype(name: str) -> np.dtype[Any]:
     try:
         dt = np.dtype(name)
-    except TypeError:
+    except (TypeError, ValueError):
         raise UnsafeCheckpointError(f"unknown array dtype {name!r} in manifest") from None
     if dt.kind not in NUMPY_KINDS:
         raise UnsafeCheckpointError(f"array dtype {name!r} is not a number type; refused")
@@ -220,33 +221,21 @@ def _safe_np_dtype(name: str) -> np.dtype[Any]:
 # ---------------------------------------------------------------------------- manifest
 
 
-def manifest_bytes(body: dict[str, Any]) -> bytes:
-    """Serialize with a checksum over the canonical body, so a damaged manifest is caught."""
+def manifest_checksum(body: Mapping[str, object]) -> str:
+    """xxh3-64 of the manifest without its checksum, serialized compactly, keys in order."""
     canon = json.dumps(body, separators=(",", ":"))  # key order kept: state dicts are ordered
-    doc = dict(body, checksum=xxhash.xxh3_64_hexdigest(canon.encode()))
+    return str(xxhash.xxh3_64_hexdigest(canon.encode()))
+
+
+def manifest_bytes(body: Mapping[str, object]) -> bytes:
+    """Serialize with a checksum over the canonical body, so a damaged manifest is caught."""
+    doc = dict(body, checksum=manifest_checksum(body))
     return json.dumps(doc, indent=1).encode()
 
 
 def parse_manifest(data: bytes, where: str) -> dict[str, Any]:
-    from ferry.errors import CorruptCheckpointError
+    """The checked manifest in ``data`` as a plain dict, for storage/transfer.py, which was
+    written before the typed one: new code calls ``ferry.engine.manifest.decode_manifest``."""
+    from ferry.engine.manifest import decode_manifest  # manifest.py builds on this module
 
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        if data[:2] == b"PK" or data[:1] == b"\x80":
-            raise UnsafeCheckpointError(
-                f"{where} is a pickle/zip file, not a ferry manifest; ferry never unpickles"
-            ) from exc
-        raise CorruptCheckpointError(f"{where}: manifest is not valid JSON ({exc})") from exc
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
-        raise UnsafeCheckpointError(f"{where} is not a ferry checkpoint manifest")
-    if doc.get("version", 0) > FORMAT_VERSION:
-        raise CorruptCheckpointError(
-            f"{where}: format version {doc.get('version')} is newer than this ferry "
-            f"understands ({FORMAT_VERSION}); upgrade ferry"
-        )
-    checksum = doc.pop("checksum", None)
-    canon = json.dumps(doc, separators=(",", ":"))
-    if checksum != xxhash.xxh3_64_hexdigest(canon.encode()):
-        raise CorruptCheckpointError(f"{where}: manifest checksum mismatch (damaged file)")
-    return doc
+    return dict(decode_manifest(data, where))

@@ -127,6 +127,7 @@ def copy_checkpoint(src_url: str, dest: Storage, progress: Progress) -> str:
     """Copy one committed checkpoint into ``dest`` under its own folder name, committed the
     way ``dest`` commits (rename or marker), verified first. Returns its URL there."""
     from ferry.engine import list_checkpoints, split_url, verify
+    from ferry.engine.manifest import decode_manifest
 
     src, name = split_url(src_url)
     if name is None:
@@ -134,15 +135,15 @@ def copy_checkpoint(src_url: str, dest: Storage, progress: Progress) -> str:
         if not refs:
             raise NoCheckpointError(f"no committed checkpoint under {src_url}")
         name = refs[-1].name
-    manifest = read_json_bytes(src.read_bytes(f"{name}/{MANIFEST}"))
-    files = [f for f in manifest.get("files", {}) if f != MARKER]
+    raw = src.read_bytes(f"{name}/{MANIFEST}")
+    files = [f for f in decode_manifest(raw, src.child_url(name))["files"] if f != MARKER]
     strategy = strategy_for(dest)
     staging = strategy.staging_name(name)
     dest.makedirs(staging)
     total = 0
     for rel in files:
         total += _copy_file(src, f"{name}/{rel}", dest, f"{staging}/{rel}")
-    dest.write_bytes(f"{staging}/{MANIFEST}", src.read_bytes(f"{name}/{MANIFEST}"))
+    dest.write_bytes(f"{staging}/{MANIFEST}", raw)
     verify(dest, staging)  # every checksum, before the copy becomes visible
     strategy.commit(dest, staging, name)
     progress(f"copied {name} ({total / 2**20:.1f} MiB) to {dest.child_url(name)}")
@@ -154,7 +155,7 @@ def read_json_bytes(data: bytes) -> dict[str, Any]:
 
     doc = json.loads(data)
     if not isinstance(doc, dict):
-        raise NoCheckpointError("a checkpoint manifest is not a JSON object")
+        raise NoCheckpointError("a bundle.json is not a JSON object")
     return doc
 
 
@@ -217,7 +218,10 @@ def export(record: JobRecord, dest_url: str, timeout: float, progress: Progress)
         progress(f"job {record.id} is not running: exporting its newest committed checkpoint")
     copied = copy_checkpoint(url, open_storage(dest.child_url("checkpoints")), progress)
     name = copied.rstrip("/").rsplit("/", 1)[-1]
-    manifest = read_json_bytes(open_storage(dest.child_url("checkpoints")).read_bytes(f"{name}/{MANIFEST}"))
+    from ferry.engine.manifest import decode_manifest  # torch: imported when needed
+
+    copies = open_storage(dest.child_url("checkpoints"))
+    manifest = decode_manifest(copies.read_bytes(f"{name}/{MANIFEST}"), copies.child_url(name))
     bundle = {
         "format": 1,
         "job": record.id,
@@ -226,11 +230,11 @@ def export(record: JobRecord, dest_url: str, timeout: float, progress: Progress)
         "env": relevant_env(env),
         "autotrack": env.get("FERRY_AUTOTRACK", "1") != "0" if env else True,
         "checkpoint": f"checkpoints/{name}",
-        "step": manifest.get("step"),
+        "step": manifest["step"],
         "source_checkpoint": url,
         "python_executable": exe,
-        "torch_version": manifest.get("torch_version"),
-        "ferry_version": manifest.get("ferry_version"),
+        "torch_version": manifest["torch_version"],
+        "ferry_version": manifest["ferry_version"],
         "host": record.identity.get("host"),
         "exporter": {"python": platform.python_version(), "host": platform.node()},
         "created": time.time(),
