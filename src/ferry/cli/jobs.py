@@ -134,33 +134,33 @@ def list_cmd(show_all: bool, as_json: bool) -> None:
 def status_cmd(job: str, as_json: bool) -> None:
     """One job in detail: state, step, devices, checkpoint history with save times."""
     record = find_job(job)
-    doc = {**record.summary(), "status": record.status, "identity": record.identity}
-    history = record.status.get("checkpoints") or []
+    s = record.summary()
+    history = record.status.get("checkpoints", [])
     if as_json:
-        emit_json(doc)
+        emit_json({**s, "status": record.status, "identity": record.identity})
         return
-    s = doc
     click.echo(f"job {s['id']}: {s['state']} at step {s['step']}  (job directory {s['job_dir']})")
     click.echo(f"  command      {shlex.join(s['command'])}")
     click.echo(f"  worker pid   {s['pid']}   supervisor pid {s['supervisor_pid'] or '-'}")
     click.echo(f"  devices      {s['devices'] or ('-' if not s['alive'] else '(all visible)')}")
     click.echo(f"  checkpoints  {s['checkpoint_dir']}")
-    if record.status.get("error"):
-        click.echo(f"  error        {record.status['error']}")
+    error = record.status.get("error")
+    if error:
+        click.echo(f"  error        {error}")
     if history:
         rows = [
             [
-                c.get("step"),
-                time.strftime("%H:%M:%S", time.localtime(float(c.get("time", 0)))),
-                human_bytes(float(c.get("bytes", 0))),
-                f"{float(c.get('seconds', 0)):.3f}",
-                f"{float(c.get('blocking_seconds', 0)):.3f}",
-                c.get("url"),
+                c["step"],
+                time.strftime("%H:%M:%S", time.localtime(c["time"])),
+                human_bytes(c["bytes"]),
+                f"{c['seconds']:.3f}",
+                f"{c['blocking_seconds']:.3f}",
+                c["url"],
             ]
             for c in history
         ]
         click.echo(table(["STEP", "TIME", "SIZE", "SAVE S", "BLOCKED S", "URL"], rows))
-        secs = [float(c.get("seconds", 0)) for c in history]
+        secs = [c["seconds"] for c in history]
         click.echo(f"save time: mean {sum(secs) / len(secs):.3f} s, max {max(secs):.3f} s")
     else:
         click.echo("no checkpoint yet")

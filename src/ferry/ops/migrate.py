@@ -21,6 +21,7 @@ from ferry.errors import ConfigError, JobError, NoCheckpointError
 from ferry.launcher import check_command
 from ferry.ops import devices
 from ferry.ops.jobs import JobRecord, command_of, process_env, require_alive, send, wait_answer
+from ferry.runtime.jobfiles import Event
 from ferry.storage import Storage, open_storage, strategy_for
 from ferry.storage.atomic import MANIFEST, MARKER
 
@@ -50,8 +51,8 @@ class Migration:
         return {**self.__dict__, "downtime": self.downtime}
 
 
-def _events_after(record: JobRecord, since: float, kind: str) -> list[dict[str, Any]]:
-    return [e for e in record.dir.events() if e.get("event") == kind and float(e.get("time", 0)) >= since]
+def _events_after(record: JobRecord, since: float, kind: str) -> list[Event]:
+    return [e for e in record.dir.events() if e["event"] == kind and e["time"] >= since]
 
 
 def migrate(record: JobRecord, target: str, timeout: float, progress: Progress) -> Migration:
@@ -86,10 +87,10 @@ def migrate(record: JobRecord, target: str, timeout: float, progress: Progress) 
     progress(f"job {record.id}: checkpoint of step {step} committed ({save:.2f} s); restarting on {target}")
     deadline = time.monotonic() + timeout
     while True:
-        restarts = _events_after(record, t0, "restart")
+        new_pids = [e.get("pid") for e in _events_after(record, t0, "restart")]
         resumed = _events_after(record, t0, "resume")
-        if restarts and resumed:
-            new_pid, resume = int(restarts[-1]["pid"]), resumed[-1]
+        if new_pids and new_pids[-1] and resumed:
+            new_pid, resume = new_pids[-1], resumed[-1]
             if resume.get("step") != step:
                 raise JobError(
                     f"job {record.id} restarted on {target} but resumed at step {resume.get('step')}, "
@@ -117,7 +118,7 @@ def migrate(record: JobRecord, target: str, timeout: float, progress: Progress) 
         pid=new_pid,
         drain=max(0.0, save_start - t0),
         save=save,
-        restart=max(0.0, float(resume["time"]) - restore - committed),
+        restart=max(0.0, resume["time"] - restore - committed),
         restore=restore,
     )
 
