@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from typing import Any
+from typing import TypedDict
 
 import click
 
@@ -50,13 +50,37 @@ def _pgid(pid: int) -> int:
         return -1
 
 
-def gpu_processes(job_pids: dict[int, str]) -> tuple[list[dict[str, Any]], str | None]:
+class GpuProcess(TypedDict):
+    pid: int
+    name: str
+    gpu_index: int
+    gpu_uuid: str
+    gpu_name: str
+    memory_bytes: int
+    job: str | None
+
+
+class _Asked(TypedDict):
+    job: str
+    request: str
+
+
+class Asked(_Asked, total=False):
+    """One job's outcome in ``ferry checkpoint``."""
+
+    step: int | None
+    url: str | None
+    seconds: float | None
+    error: str
+
+
+def gpu_processes(job_pids: dict[int, str]) -> tuple[list[GpuProcess], str | None]:
     """Every compute process NVML sees, marked with its ferry job; or the reason there are none."""
     why = nvml.status()
     if why is not None:
         return [], why
     nv = nvml._nvml()
-    rows = []
+    rows: list[GpuProcess] = []
     for gpu in nvml.gpus():
         handle = nv.nvmlDeviceGetHandleByIndex(gpu.index)
         try:
@@ -205,15 +229,19 @@ def checkpoint_cmd(
             if not all_jobs:
                 raise
             errors.append(str(exc))
-    results = []
+    results: list[Asked] = []
     for record, rid in sent:
-        entry: dict[str, Any] = {"job": record.id, "request": rid}
+        entry: Asked = {"job": record.id, "request": rid}
         if wait:
             if not as_json:
                 _note(f"job {record.id}: checkpoint requested; waiting for it to commit ...")
             try:
                 doc = wait_answer(record, rid, timeout, None if as_json else _note)
-                entry.update(step=doc.get("step"), url=doc.get("url"), seconds=doc.get("seconds"))
+                entry["step"], entry["url"], entry["seconds"] = (
+                    doc.get("step"),
+                    doc.get("url"),
+                    doc.get("seconds"),
+                )
             except JobError as exc:
                 if not all_jobs:
                     raise
@@ -227,7 +255,7 @@ def checkpoint_cmd(
             if "url" in e:
                 what = "checkpointed and stopping" if stop else "checkpointed"
                 click.echo(
-                    f"{e['job']}: {what} at step {e['step']} in {float(e['seconds']):.2f} s: {e['url']}"
+                    f"{e['job']}: {what} at step {e['step']} in {e.get('seconds') or 0.0:.2f} s: {e['url']}"
                 )
             elif "error" not in e:
                 click.echo(f"{e['job']}: {action} requested (request {e['request']})")

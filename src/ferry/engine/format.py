@@ -11,13 +11,16 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
 import xxhash
 
 from ferry.errors import UnsafeCheckpointError, UnsupportedStateError
+
+if TYPE_CHECKING:  # manifest.py builds on this module
+    from ferry.engine.manifest import TensorRecord
 
 FORMAT_NAME = "ferry-checkpoint"
 FORMAT_VERSION = 1
@@ -36,7 +39,7 @@ DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 NUMPY_KINDS = set("biufc")  # bool, int, uint, float, complex: no object or void dtypes
 
 
-def is_stateful(obj: Any) -> bool:
+def is_stateful(obj: object) -> bool:
     """The ``Stateful`` protocol: anything with ``state_dict`` and ``load_state_dict``."""
     return (
         callable(getattr(obj, "state_dict", None))
@@ -50,36 +53,38 @@ class TensorEntry:
     dtype: str
     shape: list[int]
     nbytes: int
-    kind: str = "torch"  # or "numpy"
+    kind: Literal["torch", "numpy"] = "torch"
     device: str = "cpu"
     file: str = "data-0.bin"
     offset: int = 0
 
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+    def to_json(self) -> TensorRecord:
+        return {"dtype": self.dtype, "shape": self.shape, "nbytes": self.nbytes, "kind": self.kind,
+                "device": self.device, "file": self.file, "offset": self.offset}  # fmt: skip
 
 
 @dataclass
 class Flattened:
     """A state tree split into a JSON skeleton and the arrays it refers to, by index."""
 
-    tree: Any
+    tree: object
+    """JSON: plain values and the tags below."""
     arrays: list[torch.Tensor | np.ndarray] = field(default_factory=list)
     entries: list[TensorEntry] = field(default_factory=list)
 
 
-def _path(parent: str, key: Any) -> str:
+def _path(parent: str, key: object) -> str:
     return f"{parent}.{key}" if parent else str(key)
 
 
-def flatten(state: Any) -> Flattened:
+def flatten(state: object) -> Flattened:
     """Encode ``state`` (Stateful objects, tensors, arrays, plain values) as a skeleton."""
     out = Flattened(tree=None)
     out.tree = _enc(state, out, "")
     return out
 
 
-def _enc(v: Any, out: Flattened, path: str) -> Any:
+def _enc(v: Any, out: Flattened, path: str) -> object:
     if isinstance(v, np.generic) and v.dtype.kind in NUMPY_KINDS:  # np.float64 is a float too
         return {"__npscalar__": v.dtype.str, "value": _enc(v.item(), out, path)}
     if v is None or isinstance(v, (bool, str)):

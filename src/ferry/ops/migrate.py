@@ -9,12 +9,13 @@ checkpoint (read back from the page cache on a local disk), not through memory.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from ferry.autotrack import BOOT_DIR
 from ferry.errors import ConfigError, JobError, NoCheckpointError
@@ -24,6 +25,7 @@ from ferry.ops.jobs import JobRecord, command_of, process_env, require_alive, se
 from ferry.runtime.jobfiles import Event
 from ferry.storage import Storage, open_storage, strategy_for
 from ferry.storage.atomic import MANIFEST, MARKER
+from ferry.typedjson import SchemaError, parse
 
 Progress = Callable[[str], None]
 BUNDLE = "bundle.json"
@@ -47,8 +49,32 @@ class Migration:
     def downtime(self) -> float:
         return self.drain + self.save + self.restart + self.restore
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {**self.__dict__, "downtime": self.downtime}
+
+
+class _BundleBase(TypedDict):
+    checkpoint: str
+    """The checkpoint's folder, relative to the bundle: ``checkpoints/<name>``."""
+
+
+class Bundle(_BundleBase, total=False):
+    """``bundle.json``: what ``export`` wrote, for ``resume`` to start the job elsewhere."""
+
+    format: int
+    job: str
+    command: list[str]
+    cwd: str | None
+    env: dict[str, str]
+    autotrack: bool
+    step: int
+    source_checkpoint: str
+    python_executable: str | None
+    torch_version: str
+    ferry_version: str
+    host: str | None
+    exporter: dict[str, str]
+    created: float
 
 
 def _events_after(record: JobRecord, since: float, kind: str) -> list[Event]:
@@ -151,13 +177,17 @@ def copy_checkpoint(src_url: str, dest: Storage, progress: Progress) -> str:
     return dest.child_url(name)
 
 
-def read_json_bytes(data: bytes) -> dict[str, Any]:
-    import json
-
-    doc = json.loads(data)
-    if not isinstance(doc, dict):
-        raise NoCheckpointError("a bundle.json is not a JSON object")
-    return doc
+def parse_bundle(data: bytes, where: str) -> Bundle:
+    """A bundle.json, checked; NoCheckpointError naming the field when it is not one."""
+    try:
+        bundle = parse(json.loads(data), Bundle)
+    except (ValueError, RecursionError) as exc:  # SchemaError too
+        why = str(exc) if isinstance(exc, SchemaError) else f"not JSON ({exc})"
+        raise NoCheckpointError(f"{where} is not a ferry bundle: {why}") from None
+    parts = bundle["checkpoint"].split("/")
+    if bundle["checkpoint"].startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise NoCheckpointError(f"{where}: checkpoint {bundle['checkpoint']!r} points outside the bundle")
+    return bundle
 
 
 def _copy_file(src: Storage, src_rel: str, dest: Storage, dest_rel: str) -> int:
@@ -191,7 +221,7 @@ def relevant_env(env: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def export(record: JobRecord, dest_url: str, timeout: float, progress: Progress) -> dict[str, Any]:
+def export(record: JobRecord, dest_url: str, timeout: float, progress: Progress) -> dict[str, object]:
     """Stop a running job with a checkpoint (or take a stopped job's newest one) and write a
     bundle at ``dest_url``: ``bundle.json`` and ``checkpoints/<name>/``."""
     dest = open_storage(dest_url)
@@ -223,7 +253,7 @@ def export(record: JobRecord, dest_url: str, timeout: float, progress: Progress)
 
     copies = open_storage(dest.child_url("checkpoints"))
     manifest = decode_manifest(copies.read_bytes(f"{name}/{MANIFEST}"), copies.child_url(name))
-    bundle = {
+    bundle: Bundle = {
         "format": 1,
         "job": record.id,
         "command": command_of(record),
@@ -240,8 +270,6 @@ def export(record: JobRecord, dest_url: str, timeout: float, progress: Progress)
         "exporter": {"python": platform.python_version(), "host": platform.node()},
         "created": time.time(),
     }
-    import json
-
     dest.write_bytes(BUNDLE, json.dumps(bundle, indent=1, sort_keys=True).encode())
     return {**bundle, "url": dest.url}
 
@@ -253,11 +281,11 @@ def _exe(pid: int) -> str | None:
         return None
 
 
-def load_bundle(source: str) -> dict[str, Any] | None:
+def load_bundle(source: str) -> Bundle | None:
     storage = open_storage(source)
     if not storage.exists(BUNDLE):
         return None
-    return read_json_bytes(storage.read_bytes(BUNDLE))
+    return parse_bundle(storage.read_bytes(BUNDLE), storage.child_url(BUNDLE))
 
 
 def prepare_resume(
@@ -270,11 +298,11 @@ def prepare_resume(
     env: dict[str, str] = {}
     cwd, autotrack = None, True
     if bundle is not None:
-        ckpt = open_storage(source).child_url(str(bundle["checkpoint"]))
-        command = command or [str(a) for a in bundle.get("command", [])]
-        env = {str(k): str(v) for k, v in (bundle.get("env") or {}).items()}
+        ckpt = open_storage(source).child_url(bundle["checkpoint"])
+        command = command or bundle.get("command", [])
+        env = dict(bundle.get("env", {}))
         cwd = bundle.get("cwd")
-        autotrack = bool(bundle.get("autotrack", True))
+        autotrack = bundle.get("autotrack", True)
     else:
         ckpt = source
         if not command:
@@ -301,4 +329,13 @@ def prepare_resume(
     return command, env, cwd, autotrack
 
 
-__all__ = ["Migration", "copy_checkpoint", "export", "load_bundle", "migrate", "prepare_resume"]
+__all__ = [
+    "Bundle",
+    "Migration",
+    "copy_checkpoint",
+    "export",
+    "load_bundle",
+    "migrate",
+    "parse_bundle",
+    "prepare_resume",
+]
