@@ -3,7 +3,9 @@
 A controller drops ``control/req-<id>.json`` (written to a temporary name, then renamed);
 the worker picks requests up at its next safe point and answers with
 ``control/resp-<id>.json``. Only requests owned by the job's own user are obeyed: the
-directory is 0700, and the worker checks each file's owner anyway.
+directory is 0700, and the worker checks each file's owner anyway. A request is parsed
+whole (``RequestDoc``) before the worker acts on it: one that is not a small regular file
+of well-typed fields is refused, answered and logged, never raised into the training loop.
 """
 
 from __future__ import annotations

@@ -167,7 +167,8 @@ class JobDir:
             return
         with self._mutex:
             doc = self._own("status.json")
-            history = [*self.status().get("checkpoints", []), entry][-keep:]
+            kept = parse_status(doc, report_dropped, self.file("status.json")).get("checkpoints", [])
+            history = [*kept, entry][-keep:]
             doc.update(checkpoints=history, last_checkpoint=entry, updated=time.time())
             write_json_atomic(self.file("status.json"), doc)
 
