@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TypedDict
 
 import click
 
 from ferry.cli.output import emit_json, human_bytes, json_option, table
 from ferry.engine import list_checkpoints, read_manifest, split_url, verify
+from ferry.engine.manifest import Manifest
 from ferry.errors import CorruptCheckpointError, NoCheckpointError
 from ferry.storage import Storage
 
@@ -23,25 +24,56 @@ def _targets(url: str, newest_only: bool) -> tuple[Storage, list[str]]:
     return storage, names[-1:] if newest_only else names
 
 
-def _summary(storage: Storage, name: str, manifest: dict[str, Any]) -> dict[str, Any]:
+class TensorRow(TypedDict):
+    name: str
+    dtype: str
+    shape: list[int]
+    bytes: int
+    device: str
+
+
+class _Summary(TypedDict):
+    url: str
+    step: int
+    created: str
+    bytes: int
+    tensors: int
+    world_size: int
+    torch_version: str
+    ferry_version: str
+    meta: dict[str, object]
+
+
+class Summary(_Summary, total=False):
+    tensor_list: list[TensorRow]
+
+
+class Verdict(TypedDict):
+    url: str
+    step: int | None
+    ok: bool
+    error: str | None
+
+
+def _summary(storage: Storage, name: str, manifest: Manifest) -> Summary:
     return {
         "url": storage.child_url(name),
         "step": manifest["step"],
         "created": manifest["created_iso"],
-        "bytes": sum(int(f["size"]) for f in manifest["files"].values()),
+        "bytes": sum(f["size"] for f in manifest["files"].values()),
         "tensors": len(manifest["tensors"]),
-        "world_size": manifest.get("world_size", 1),
-        "torch_version": manifest.get("torch_version"),
-        "ferry_version": manifest.get("ferry_version"),
-        "meta": manifest.get("meta", {}),
+        "world_size": manifest["world_size"],
+        "torch_version": manifest["torch_version"],
+        "ferry_version": manifest["ferry_version"],
+        "meta": manifest["meta"],
     }
 
 
-def _tensor_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    """Name each tensor by its path in the state tree."""
+def _tensor_rows(manifest: Manifest) -> list[TensorRow]:
+    """Name each tensor by its path in the state tree (checked when the manifest was read)."""
     names: dict[int, str] = {}
 
-    def walk(node: Any, path: str) -> None:
+    def walk(node: object, path: str) -> None:
         if isinstance(node, dict):
             for tag in ("__tensor__", "__ndarray__"):
                 if tag in node:
@@ -78,7 +110,7 @@ def _tensor_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
 def inspect_cmd(url: str, show_all: bool, tensors: bool, as_json: bool) -> None:
     """Show a checkpoint's step, time, size and tensors (URL: a checkpoint or a root)."""
     storage, names = _targets(url, newest_only=not show_all)
-    docs = []
+    docs: list[Summary] = []
     for name in names:
         manifest = read_manifest(storage, name)
         doc = _summary(storage, name, manifest)
@@ -95,7 +127,7 @@ def inspect_cmd(url: str, show_all: bool, tensors: bool, as_json: bool) -> None:
             f"{doc['tensors']} tensors, saved {doc['created']} ({age - time.timezone:.0f} s ago), "
             f"world size {doc['world_size']}, torch {doc['torch_version']}"
         )
-        if tensors:
+        if "tensor_list" in doc:
             rows = [
                 (
                     r["name"],
@@ -116,7 +148,7 @@ def inspect_cmd(url: str, show_all: bool, tensors: bool, as_json: bool) -> None:
 def verify_cmd(url: str, check_all: bool, as_json: bool) -> None:
     """Check a checkpoint's manifest and checksums; exits non-zero if it is damaged."""
     storage, names = _targets(url, newest_only=not check_all)
-    results = []
+    results: list[Verdict] = []
     for name in names:
         try:
             manifest = verify(storage, name)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from typing import Any
+from typing import TypedDict
 
 import click
 
@@ -51,13 +51,37 @@ def _pgid(pid: int) -> int:
         return -1
 
 
-def gpu_processes(job_pids: dict[int, str]) -> tuple[list[dict[str, Any]], str | None]:
+class GpuProcess(TypedDict):
+    pid: int
+    name: str
+    gpu_index: int
+    gpu_uuid: str
+    gpu_name: str
+    memory_bytes: int
+    job: str | None
+
+
+class _Asked(TypedDict):
+    job: str
+    request: str
+
+
+class Asked(_Asked, total=False):
+    """One job's outcome in ``ferry checkpoint``."""
+
+    step: int | None
+    url: str | None
+    seconds: float | None
+    error: str
+
+
+def gpu_processes(job_pids: dict[int, str]) -> tuple[list[GpuProcess], str | None]:
     """Every compute process NVML sees, marked with its ferry job; or the reason there are none."""
     why = nvml.status()
     if why is not None:
         return [], why
     nv = nvml._nvml()
-    rows = []
+    rows: list[GpuProcess] = []
     for gpu in nvml.gpus():
         handle = nv.nvmlDeviceGetHandleByIndex(gpu.index)
         try:
@@ -135,33 +159,33 @@ def list_cmd(show_all: bool, as_json: bool) -> None:
 def status_cmd(job: str, as_json: bool) -> None:
     """One job in detail: state, step, devices, checkpoint history with save times."""
     record = find_job(job)
-    doc = {**record.summary(), "status": record.status, "identity": record.identity}
-    history = record.status.get("checkpoints") or []
+    s = record.summary()
+    history = record.status.get("checkpoints", [])
     if as_json:
-        emit_json(doc)
+        emit_json({**s, "status": record.status, "identity": record.identity})
         return
-    s = doc
     click.echo(f"job {s['id']}: {s['state']} at step {s['step']}  (job directory {s['job_dir']})")
     click.echo(f"  command      {shlex.join(s['command'])}")
     click.echo(f"  worker pid   {s['pid']}   supervisor pid {s['supervisor_pid'] or '-'}")
     click.echo(f"  devices      {s['devices'] or ('-' if not s['alive'] else '(all visible)')}")
     click.echo(f"  checkpoints  {s['checkpoint_dir']}")
-    if record.status.get("error"):
-        click.echo(f"  error        {record.status['error']}")
+    error = record.status.get("error")
+    if error:
+        click.echo(f"  error        {error}")
     if history:
         rows = [
             [
-                c.get("step"),
-                time.strftime("%H:%M:%S", time.localtime(float(c.get("time", 0)))),
-                human_bytes(float(c.get("bytes", 0))),
-                f"{float(c.get('seconds', 0)):.3f}",
-                f"{float(c.get('blocking_seconds', 0)):.3f}",
-                c.get("url"),
+                c["step"],
+                time.strftime("%H:%M:%S", time.localtime(c["time"])),
+                human_bytes(c["bytes"]),
+                f"{c['seconds']:.3f}",
+                f"{c['blocking_seconds']:.3f}",
+                c["url"],
             ]
             for c in history
         ]
         click.echo(table(["STEP", "TIME", "SIZE", "SAVE S", "BLOCKED S", "URL"], rows))
-        secs = [float(c.get("seconds", 0)) for c in history]
+        secs = [c["seconds"] for c in history]
         click.echo(f"save time: mean {sum(secs) / len(secs):.3f} s, max {max(secs):.3f} s")
     else:
         click.echo("no checkpoint yet")
@@ -206,15 +230,19 @@ def checkpoint_cmd(
             if not all_jobs:
                 raise
             errors.append(str(exc))
-    results = []
+    results: list[Asked] = []
     for record, rid in sent:
-        entry: dict[str, Any] = {"job": record.id, "request": rid}
+        entry: Asked = {"job": record.id, "request": rid}
         if wait:
             if not as_json:
                 _note(f"job {record.id}: checkpoint requested; waiting for it to commit ...")
             try:
                 doc = wait_answer(record, rid, timeout, None if as_json else _note)
-                entry.update(step=doc.get("step"), url=doc.get("url"), seconds=doc.get("seconds"))
+                entry["step"], entry["url"], entry["seconds"] = (
+                    doc.get("step"),
+                    doc.get("url"),
+                    doc.get("seconds"),
+                )
             except JobError as exc:
                 if not all_jobs:
                     raise
@@ -228,7 +256,7 @@ def checkpoint_cmd(
             if "url" in e:
                 what = "checkpointed and stopping" if stop else "checkpointed"
                 click.echo(
-                    f"{e['job']}: {what} at step {e['step']} in {float(e['seconds']):.2f} s: {e['url']}"
+                    f"{e['job']}: {what} at step {e['step']} in {e.get('seconds') or 0.0:.2f} s: {e['url']}"
                 )
             elif "error" not in e:
                 click.echo(f"{e['job']}: {action} requested (request {e['request']})")

@@ -9,14 +9,18 @@ from __future__ import annotations
 import base64
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
 import xxhash
 
 from ferry.errors import UnsafeCheckpointError, UnsupportedStateError
+
+if TYPE_CHECKING:  # manifest.py builds on this module
+    from ferry.engine.manifest import TensorRecord
 
 FORMAT_NAME = "ferry-checkpoint"
 FORMAT_VERSION = 1
@@ -35,7 +39,7 @@ DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 NUMPY_KINDS = set("biufc")  # bool, int, uint, float, complex: no object or void dtypes
 
 
-def is_stateful(obj: Any) -> bool:
+def is_stateful(obj: object) -> bool:
     """The ``Stateful`` protocol: anything with ``state_dict`` and ``load_state_dict``."""
     return (
         callable(getattr(obj, "state_dict", None))
@@ -49,36 +53,38 @@ class TensorEntry:
     dtype: str
     shape: list[int]
     nbytes: int
-    kind: str = "torch"  # or "numpy"
+    kind: Literal["torch", "numpy"] = "torch"
     device: str = "cpu"
     file: str = "data-0.bin"
     offset: int = 0
 
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+    def to_json(self) -> TensorRecord:
+        return {"dtype": self.dtype, "shape": self.shape, "nbytes": self.nbytes, "kind": self.kind,
+                "device": self.device, "file": self.file, "offset": self.offset}  # fmt: skip
 
 
 @dataclass
 class Flattened:
     """A state tree split into a JSON skeleton and the arrays it refers to, by index."""
 
-    tree: Any
+    tree: object
+    """JSON: plain values and the tags below."""
     arrays: list[torch.Tensor | np.ndarray] = field(default_factory=list)
     entries: list[TensorEntry] = field(default_factory=list)
 
 
-def _path(parent: str, key: Any) -> str:
+def _path(parent: str, key: object) -> str:
     return f"{parent}.{key}" if parent else str(key)
 
 
-def flatten(state: Any) -> Flattened:
+def flatten(state: object) -> Flattened:
     """Encode ``state`` (Stateful objects, tensors, arrays, plain values) as a skeleton."""
     out = Flattened(tree=None)
     out.tree = _enc(state, out, "")
     return out
 
 
-def _enc(v: Any, out: Flattened, path: str) -> Any:
+def _enc(v: Any, out: Flattened, path: str) -> object:
     if isinstance(v, np.generic) and v.dtype.kind in NUMPY_KINDS:  # np.float64 is a float too
         return {"__npscalar__": v.dtype.str, "value": _enc(v.item(), out, path)}
     if v is None or isinstance(v, (bool, str)):
@@ -153,7 +159,7 @@ _TAGS = {"__float__", "__tensor__", "__ndarray__", "__npscalar__", "__bytes__", 
          "__tuple__", "__dtype__", "__device__", "__stateful__"}  # fmt: skip
 
 
-def unflatten(tree: Any, arrays: list[Any]) -> Any:
+def unflatten(tree: object, arrays: Sequence[object]) -> Any:
     """Decode a skeleton; ``arrays[i]`` replaces tensor index ``i``."""
     if tree is None or isinstance(tree, (bool, int, float, str)):
         return tree
@@ -194,7 +200,7 @@ def unflatten(tree: Any, arrays: list[Any]) -> Any:
     return unflatten(tree["state"], arrays)  # __stateful__: its state dict
 
 
-def _hashable(k: Any) -> Any:
+def _hashable(k: object) -> object:
     if isinstance(k, list):
         raise UnsafeCheckpointError("manifest uses a list as a dict key")
     return k
@@ -210,7 +216,7 @@ def torch_dtype(name: str) -> torch.dtype:
 def _safe_np_dtype(name: str) -> np.dtype[Any]:
     try:
         dt = np.dtype(name)
-    except TypeError:
+    except (TypeError, ValueError):
         raise UnsafeCheckpointError(f"unknown array dtype {name!r} in manifest") from None
     if dt.kind not in NUMPY_KINDS:
         raise UnsafeCheckpointError(f"array dtype {name!r} is not a number type; refused")
@@ -220,33 +226,13 @@ def _safe_np_dtype(name: str) -> np.dtype[Any]:
 # ---------------------------------------------------------------------------- manifest
 
 
-def manifest_bytes(body: dict[str, Any]) -> bytes:
-    """Serialize with a checksum over the canonical body, so a damaged manifest is caught."""
+def manifest_checksum(body: Mapping[str, object]) -> str:
+    """xxh3-64 of the manifest without its checksum, serialized compactly, keys in order."""
     canon = json.dumps(body, separators=(",", ":"))  # key order kept: state dicts are ordered
-    doc = dict(body, checksum=xxhash.xxh3_64_hexdigest(canon.encode()))
+    return str(xxhash.xxh3_64_hexdigest(canon.encode()))
+
+
+def manifest_bytes(body: Mapping[str, object]) -> bytes:
+    """Serialize with a checksum over the canonical body, so a damaged manifest is caught."""
+    doc = dict(body, checksum=manifest_checksum(body))
     return json.dumps(doc, indent=1).encode()
-
-
-def parse_manifest(data: bytes, where: str) -> dict[str, Any]:
-    from ferry.errors import CorruptCheckpointError
-
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        if data[:2] == b"PK" or data[:1] == b"\x80":
-            raise UnsafeCheckpointError(
-                f"{where} is a pickle/zip file, not a ferry manifest; ferry never unpickles"
-            ) from exc
-        raise CorruptCheckpointError(f"{where}: manifest is not valid JSON ({exc})") from exc
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
-        raise UnsafeCheckpointError(f"{where} is not a ferry checkpoint manifest")
-    if doc.get("version", 0) > FORMAT_VERSION:
-        raise CorruptCheckpointError(
-            f"{where}: format version {doc.get('version')} is newer than this ferry "
-            f"understands ({FORMAT_VERSION}); upgrade ferry"
-        )
-    checksum = doc.pop("checksum", None)
-    canon = json.dumps(doc, separators=(",", ":"))
-    if checksum != xxhash.xxh3_64_hexdigest(canon.encode()):
-        raise CorruptCheckpointError(f"{where}: manifest checksum mismatch (damaged file)")
-    return doc

@@ -10,7 +10,6 @@ fails, those live tensors hold part of the damaged data until the fallback check
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -19,14 +18,9 @@ from typing import Any
 import torch
 import xxhash
 
-from ferry.engine.format import (
-    DTYPE_NAMES,
-    _safe_np_dtype,
-    is_stateful,
-    parse_manifest,
-    torch_dtype,
-    unflatten,
-)
+from ferry.engine.format import DTYPE_NAMES, _safe_np_dtype, is_stateful, torch_dtype
+from ferry.engine.manifest import FileEntry, Manifest, TensorRecord, decode_manifest
+from ferry.engine.manifest import decode_tree as decode_tree
 from ferry.engine.pools import submit
 from ferry.engine.snapshot import byte_view, tensor_bytes
 from ferry.errors import CorruptCheckpointError, StorageError
@@ -50,76 +44,18 @@ class Loaded:
     state: Any
     step: int
     url: str
-    manifest: dict[str, Any]
+    manifest: Manifest
 
 
-def read_manifest(storage: Storage, name: str) -> dict[str, Any]:
+def read_manifest(storage: Storage, name: str) -> Manifest:
+    """The manifest of checkpoint ``name``, checked whole (engine/manifest.py) before any
+    of its data is read."""
     where = storage.child_url(name)
     try:
         data = storage.read_bytes(f"{name}/{MANIFEST}")
     except FileNotFoundError as exc:
         raise CorruptCheckpointError(f"{where}: manifest.json is missing") from exc
-    manifest = parse_manifest(data, where)
-    try:
-        _check_shape(manifest, where)
-        decode_tree(manifest, [None] * len(manifest["tensors"]), where)  # refuse before reading data
-    except CorruptCheckpointError as exc:
-        if where in str(exc):
-            raise
-        raise type(exc)(f"{where}: {exc}") from exc  # say which checkpoint, not only why
-    return manifest
-
-
-def decode_tree(manifest: dict[str, Any], arrays: list[Any], where: str) -> Any:
-    """The state tree of ``manifest``; any malformation is a CorruptCheckpointError."""
-    try:
-        return unflatten(manifest["tree"], arrays)
-    except CorruptCheckpointError:
-        raise
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-        raise CorruptCheckpointError(
-            f"{where}: malformed manifest tree ({type(exc).__name__}: {exc})"
-        ) from exc
-
-
-def _check_shape(manifest: dict[str, Any], where: str) -> None:
-    """The fields loading relies on exist and have the right types (a crafted or damaged
-    manifest gives a CorruptCheckpointError, never a KeyError or a read outside the root)."""
-
-    def bad(why: str) -> CorruptCheckpointError:
-        return CorruptCheckpointError(f"{where}: malformed manifest: {why}")
-
-    files, tensors = manifest.get("files"), manifest.get("tensors")
-    if not isinstance(manifest.get("step"), int) or "tree" not in manifest:
-        raise bad("no step or tree")
-    if not isinstance(files, dict) or not isinstance(tensors, list):
-        raise bad("files must be an object and tensors a list")
-    for file, meta in files.items():
-        parts = file.split("/")
-        if file.startswith("/") or "\\" in file or any(p in ("", ".", "..") for p in parts):
-            raise bad(f"file name {file!r} points outside the checkpoint folder")
-        if not isinstance(meta, dict) or not isinstance(meta.get("size"), int) or meta["size"] < 0:
-            raise bad(f"file {file!r} has no valid size")
-    for i, e in enumerate(tensors):
-        if not isinstance(e, dict) or e.get("file") not in files:
-            raise bad(f"tensor {i} names no file of the checkpoint")
-        shape, offset, nbytes = e.get("shape"), e.get("offset"), e.get("nbytes")
-        if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)):
-            raise bad(f"tensor {i} has shape {shape!r}")
-        if not (isinstance(offset, int) and isinstance(nbytes, int) and offset >= 0 and nbytes >= 0):
-            raise bad(f"tensor {i} has offset {offset!r}, nbytes {nbytes!r}")
-        if not isinstance(e.get("dtype"), str):
-            raise bad(f"tensor {i} has dtype {e.get('dtype')!r}")
-        if e.get("kind") == "numpy":
-            itemsize = _safe_np_dtype(e["dtype"]).itemsize
-        elif e.get("kind") == "torch":
-            itemsize = torch_dtype(e["dtype"]).itemsize
-        else:
-            raise bad(f"tensor {i} has kind {e.get('kind')!r}")
-        if nbytes != math.prod(shape) * itemsize or offset % itemsize:
-            raise bad(f"tensor {i}: {nbytes} bytes at offset {offset} do not fit {e['dtype']} {shape}")
-        if offset + nbytes > files[e["file"]]["size"]:
-            raise bad(f"tensor {i} lies outside its file")
+    return decode_manifest(data, where)
 
 
 def _cut(view: memoryview) -> Iterator[memoryview]:
@@ -131,7 +67,7 @@ def _stream(
     storage: Storage,
     name: str,
     file: str,
-    meta: dict[str, Any],
+    meta: FileEntry,
     dests: Iterable[memoryview],
     live: bool = False,
 ) -> None:
@@ -175,7 +111,7 @@ def _stream(
 
 
 def read_file(
-    storage: Storage, name: str, file: str, meta: dict[str, Any], into: torch.Tensor | None = None
+    storage: Storage, name: str, file: str, meta: FileEntry, into: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Read one data file into one host buffer (``into``, or a new one), verified."""
     size = int(meta["size"])
@@ -184,7 +120,7 @@ def read_file(
     return buf
 
 
-def verify(storage: Storage, name: str) -> dict[str, Any]:
+def verify(storage: Storage, name: str) -> Manifest:
     """Check the manifest and every file; raises CorruptCheckpointError, returns the manifest.
     Reads through two small buffers: verifying costs no memory of the checkpoint's size."""
     manifest = read_manifest(storage, name)
@@ -201,7 +137,7 @@ Owner = tuple[torch.Tensor, int]
 
 
 def _plan(
-    entries: list[dict[str, Any]], file: str, size: int, targets: dict[int, torch.Tensor]
+    entries: list[TensorRecord], file: str, size: int, targets: dict[int, torch.Tensor]
 ) -> tuple[list[memoryview], dict[int, Owner]]:
     """Where each byte of ``file`` goes: a live tensor (``targets``), a fresh buffer of its
     own for every other big tensor, one fresh buffer per run of small neighbours; padding
@@ -257,7 +193,7 @@ def _plan(
     return dests, owners
 
 
-def live_targets(tree: Any, into: Any, entries: list[dict[str, Any]]) -> dict[int, torch.Tensor]:
+def live_targets(tree: Any, into: Any, entries: list[TensorRecord]) -> dict[int, torch.Tensor]:
     """Tensor index -> the live CPU tensor of ``into`` at the same place in the tree that
     can take the checkpoint's bytes as they are (same dtype, shape; contiguous)."""
     found: dict[int, torch.Tensor] = {}
@@ -313,22 +249,17 @@ def live_targets(tree: Any, into: Any, entries: list[dict[str, Any]]) -> dict[in
     return found
 
 
-def _disjoint(entries: list[dict[str, Any]]) -> bool:
+def _disjoint(entries: list[TensorRecord]) -> bool:
     """No two tensors share bytes of a file (always so when ferry wrote it)."""
     ranges = sorted((e["file"], e["offset"], e["offset"] + e["nbytes"]) for e in entries if e["nbytes"])
     return all(a[0] != b[0] or a[2] <= b[1] for a, b in itertools.pairwise(ranges))
 
 
-def decode_array(raw: torch.Tensor, entry: dict[str, Any]) -> Any:
-    """A tensor entry (checked by ``_check_shape``) over its bytes ``raw``, without a copy."""
+def decode_array(raw: torch.Tensor, entry: TensorRecord) -> Any:
+    """A tensor entry (checked by ``check_tensors``) over its bytes ``raw``, without a copy."""
     if entry["kind"] == "numpy":
         return raw.numpy().view(_safe_np_dtype(entry["dtype"])).reshape(entry["shape"])
     return raw.view(torch_dtype(entry["dtype"])).reshape(entry["shape"])
-
-
-def check_part(doc: dict[str, Any], files: dict[str, Any], where: str) -> None:
-    """Check a manifest-like part (a rank's own tree and tensors) as a manifest is checked."""
-    _check_shape({"step": 0, "tree": doc.get("tree"), "files": files, "tensors": doc.get("tensors")}, where)
 
 
 def load_one(
@@ -339,7 +270,7 @@ def load_one(
     manifest = read_manifest(storage, name)
     where = storage.child_url(name)
     device = torch.device(target_device)
-    entries: list[dict[str, Any]] = manifest["tensors"]
+    entries: list[TensorRecord] = manifest["tensors"]
     targets: dict[int, torch.Tensor] = {}
     owners: dict[int, Owner] = {}
     if _disjoint(entries):

@@ -32,7 +32,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from ferry.engine.catalog import apply_retention, list_checkpoints
-from ferry.engine.format import parse_manifest
+from ferry.engine.manifest import decode_manifest
 from ferry.errors import ConfigError, StorageError
 from ferry.storage import FileRecord, Storage, Transaction, open_storage, strategy_for
 from ferry.storage.atomic import MANIFEST
@@ -117,11 +117,11 @@ def copy_checkpoint(
     raw = retry(
         f"reading {src.child_url(name)}", lambda: src.read_bytes(f"{name}/{MANIFEST}"), policy, failed
     )
-    files: dict[str, dict[str, Any]] = parse_manifest(raw, src.child_url(name))["files"]
+    files = decode_manifest(raw, src.child_url(name))["files"]
     begin = partial(Transaction.begin, dst, name)
     with retry(f"creating a staging folder for {target}", begin, policy, failed) as txn:
         for rel, meta in files.items():
-            expect = FileRecord(int(meta["size"]), str(meta["xxh3_64"]))
+            expect = FileRecord(meta["size"], meta["xxh3_64"])
             copy = partial(txn.add_copy, src, f"{name}/{rel}", rel, expect)
             retry(f"copying {rel} to {target}", copy, policy, failed)
         # Before the commit: every file is there, whole. A remote that lost some of them while

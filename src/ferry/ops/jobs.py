@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from ferry.errors import ConfigError, JobError
 from ferry.knobs import (
@@ -20,8 +20,9 @@ from ferry.knobs import (
     ANSWER_NOTE_SECONDS,
     PROCESS_POLL_SECONDS,
 )
-from ferry.runtime.control import submit
-from ferry.runtime.jobdir import JobDir, jobs_root, read_json
+from ferry.runtime.control import read_response, response_path, submit
+from ferry.runtime.jobdir import JobDir, jobs_root
+from ferry.runtime.jobfiles import Identity, Response, Status
 
 BUSY_STATES = ("checkpointing",)
 DONE_STATES = ("checkpointed", "finished", "failed")
@@ -68,20 +69,41 @@ def process_name(pid: int) -> str:
         return "?"
 
 
+class JobSummary(TypedDict):
+    """One job as ``ferry list`` and ``ferry status`` show it (``--json`` too)."""
+
+    id: str
+    pid: int | None
+    supervisor_pid: int | None
+    alive: bool
+    state: str
+    step: int | None
+    command: list[str]
+    devices: str | None
+    user: str | None
+    uid: int | None
+    host: str | None
+    job_dir: str
+    checkpoint_dir: str | None
+    last_checkpoint: str | None
+    last_checkpoint_step: int | None
+    last_checkpoint_age: float | None
+
+
 @dataclass
 class JobRecord:
     """A snapshot of one job directory, as a controller sees it."""
 
     id: str
     dir: JobDir
-    identity: dict[str, Any]
-    status: dict[str, Any]
+    identity: Identity
+    status: Status
 
     @classmethod
     def load(cls, path: str) -> JobRecord:
         job = JobDir.open(path)
         identity = job.identity()
-        return cls(str(identity.get("id") or os.path.basename(path)), job, identity, job.status())
+        return cls(identity.get("id") or os.path.basename(path), job, identity, job.status())
 
     def refresh(self) -> JobRecord:
         self.identity, self.status = self.dir.identity(), self.dir.status()
@@ -94,25 +116,23 @@ class JobRecord:
     @property
     def worker_pid(self) -> int | None:
         pid = self.status.get("worker_pid") or self.identity.get("worker_pid")
-        pid = pid or self.status.get("pid") or self.identity.get("pid")
-        return int(pid) if pid else None
+        return pid or self.status.get("pid") or self.identity.get("pid")
 
     @property
     def session_pid(self) -> int | None:
         """The process that runs the ferry session (the worker, or rank 0 under torchrun)."""
-        pid = self.status.get("pid") or self.identity.get("pid")
-        return int(pid) if pid else None
+        return self.status.get("pid") or self.identity.get("pid")
 
     @property
     def pids(self) -> set[int]:
-        keys = ("pid", "worker_pid", "supervisor_pid")
-        out = {self.identity.get(k) for k in keys} | {self.status.get(k) for k in keys}
-        return {int(p) for p in out if p}
+        i, s = self.identity, self.status
+        found = [i.get("pid"), i.get("worker_pid"), i.get("supervisor_pid")]
+        found += [s.get("pid"), s.get("worker_pid"), s.get("supervisor_pid")]
+        return {p for p in found if p}
 
     @property
     def uid(self) -> int | None:
-        uid = self.identity.get("uid")
-        return int(uid) if uid is not None else None
+        return self.identity.get("uid")
 
     @property
     def alive(self) -> bool:
@@ -128,13 +148,13 @@ class JobRecord:
         means that one is done."""
         if self.status.get("state") not in BUSY_STATES:
             return False
-        last = self.status.get("last_checkpoint") or {}
-        return last.get("step") != self.status.get("step")
+        last = self.status.get("last_checkpoint")
+        return last is None or last["step"] != self.status.get("step")
 
     @property
     def state(self) -> str:
         if self.alive:
-            return str(self.status.get("state", "?"))
+            return self.status.get("state", "?")
         state = self.status.get("state")
         if state in DONE_STATES:
             return str(state)
@@ -148,8 +168,8 @@ class JobRecord:
             return "?"
         return env.get("CUDA_VISIBLE_DEVICES")
 
-    def summary(self) -> dict[str, Any]:
-        last = self.status.get("last_checkpoint") or {}
+    def summary(self) -> JobSummary:
+        last = self.status.get("last_checkpoint")
         return {
             "id": self.id,
             "pid": self.worker_pid,
@@ -164,19 +184,18 @@ class JobRecord:
             "host": self.identity.get("host"),
             "job_dir": self.dir.path,
             "checkpoint_dir": self.identity.get("checkpoint_dir"),
-            "last_checkpoint": last.get("url"),
-            "last_checkpoint_step": last.get("step"),
-            "last_checkpoint_age": time.time() - float(last["time"]) if last.get("time") else None,
+            "last_checkpoint": last["url"] if last else None,
+            "last_checkpoint_step": last["step"] if last else None,
+            "last_checkpoint_age": time.time() - last["time"] if last else None,
         }
 
 
 def command_of(record: JobRecord) -> list[str]:
     """The command that started the job: the supervisor's (``run_start``), else the worker's argv."""
     for event in reversed(record.dir.events()):
-        if event.get("event") == "run_start" and isinstance(event.get("command"), list):
-            return [str(a) for a in event["command"]]
-    command = record.identity.get("command")
-    return [str(a) for a in command] if isinstance(command, list) else []
+        if event["event"] == "run_start" and "command" in event:
+            return event["command"]
+    return record.identity.get("command", [])
 
 
 def list_jobs() -> list[JobRecord]:
@@ -268,23 +287,21 @@ def send(record: JobRecord, action: str, env: dict[str, str] | None = None) -> s
 
 def wait_answer(
     record: JobRecord, rid: str, timeout: float | None, progress: Callable[[str], None] | None = None
-) -> dict[str, Any]:
+) -> Response:
     """The worker's answer to ``rid``; JobError when it refuses, fails, dies or times out."""
-    path = os.path.join(record.dir.control, f"resp-{rid}.json")
     start = time.monotonic()
     deadline = None if timeout is None else start + timeout
     next_note, next_check = start + ANSWER_FIRST_NOTE_SECONDS, start
     while True:
-        if os.path.exists(path):
-            doc = read_json(path)
-            doc = doc if isinstance(doc, dict) else {}
-            if not doc.get("ok"):
+        doc = read_response(record.dir, rid)
+        if doc is not None:
+            if not doc["ok"]:
                 raise JobError(f"job {record.id}: {doc.get('error', 'the request failed')}")
             return doc
         now = time.monotonic()
         if now >= next_check:
             next_check = now + ANSWER_CHECK_SECONDS
-            if not record.refresh().alive and not os.path.exists(path):
+            if not record.refresh().alive and not os.path.exists(response_path(record.dir, rid)):
                 raise JobError(
                     f"job {record.id}'s worker exited before answering (state {record.state}); "
                     "no checkpoint was committed for this request"

@@ -9,21 +9,24 @@ checkpoint (read back from the page cache on a local disk), not through memory.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from ferry.autotrack import BOOT_DIR
 from ferry.errors import ConfigError, JobError, NoCheckpointError
 from ferry.knobs import PROCESS_POLL_SECONDS
 from ferry.ops import devices
 from ferry.ops.jobs import JobRecord, command_of, process_env, require_alive, send, wait_answer
+from ferry.runtime.jobfiles import Event
 from ferry.storage import FileRecord, Storage, Transaction, open_storage
 from ferry.storage.atomic import MANIFEST
 from ferry.supervisor.options import check_command
+from ferry.typedjson import SchemaError, parse
 
 Progress = Callable[[str], None]
 BUNDLE = "bundle.json"
@@ -47,12 +50,36 @@ class Migration:
     def downtime(self) -> float:
         return self.drain + self.save + self.restart + self.restore
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {**self.__dict__, "downtime": self.downtime}
 
 
-def _events_after(record: JobRecord, since: float, kind: str) -> list[dict[str, Any]]:
-    return [e for e in record.dir.events() if e.get("event") == kind and float(e.get("time", 0)) >= since]
+class _BundleBase(TypedDict):
+    checkpoint: str
+    """The checkpoint's folder, relative to the bundle: ``checkpoints/<name>``."""
+
+
+class Bundle(_BundleBase, total=False):
+    """``bundle.json``: what ``export`` wrote, for ``resume`` to start the job elsewhere."""
+
+    format: int
+    job: str
+    command: list[str]
+    cwd: str | None
+    env: dict[str, str]
+    autotrack: bool
+    step: int
+    source_checkpoint: str
+    python_executable: str | None
+    torch_version: str
+    ferry_version: str
+    host: str | None
+    exporter: dict[str, str]
+    created: float
+
+
+def _events_after(record: JobRecord, since: float, kind: str) -> list[Event]:
+    return [e for e in record.dir.events() if e["event"] == kind and e["time"] >= since]
 
 
 def migrate(record: JobRecord, target: str, timeout: float, progress: Progress) -> Migration:
@@ -87,10 +114,10 @@ def migrate(record: JobRecord, target: str, timeout: float, progress: Progress) 
     progress(f"job {record.id}: checkpoint of step {step} committed ({save:.2f} s); restarting on {target}")
     deadline = time.monotonic() + timeout
     while True:
-        restarts = _events_after(record, t0, "restart")
+        new_pids = [e.get("pid") for e in _events_after(record, t0, "restart")]
         resumed = _events_after(record, t0, "resume")
-        if restarts and resumed:
-            new_pid, resume = int(restarts[-1]["pid"]), resumed[-1]
+        if new_pids and new_pids[-1] and resumed:
+            new_pid, resume = new_pids[-1], resumed[-1]
             if resume.get("step") != step:
                 raise JobError(
                     f"job {record.id} restarted on {target} but resumed at step {resume.get('step')}, "
@@ -118,7 +145,7 @@ def migrate(record: JobRecord, target: str, timeout: float, progress: Progress) 
         pid=new_pid,
         drain=max(0.0, save_start - t0),
         save=save,
-        restart=max(0.0, float(resume["time"]) - restore - committed),
+        restart=max(0.0, resume["time"] - restore - committed),
         restore=restore,
     )
 
@@ -129,7 +156,7 @@ def copy_checkpoint(src_url: str, dest: Storage, progress: Progress) -> str:
     transaction there (committed the way ``dest`` commits: rename or marker), each file
     checked against the manifest's checksum before it is made durable. Returns its URL."""
     from ferry.engine import list_checkpoints, split_url
-    from ferry.engine.format import parse_manifest
+    from ferry.engine.manifest import decode_manifest
 
     src, name = split_url(src_url)
     if name is None:
@@ -138,24 +165,28 @@ def copy_checkpoint(src_url: str, dest: Storage, progress: Progress) -> str:
             raise NoCheckpointError(f"no committed checkpoint under {src_url}")
         name = refs[-1].name
     raw = src.read_bytes(f"{name}/{MANIFEST}")
-    files = parse_manifest(raw, src.child_url(name)).get("files", {})
+    files = decode_manifest(raw, src.child_url(name))["files"]
     total = 0
     with Transaction.begin(dest, name) as txn:
         for rel, meta in files.items():
-            expect = FileRecord(int(meta["size"]), str(meta["xxh3_64"]))
+            expect = FileRecord(meta["size"], meta["xxh3_64"])
             total += txn.add_copy(src, f"{name}/{rel}", rel, expect).size
         txn.commit(raw)
     progress(f"copied {name} ({total / 2**20:.1f} MiB) to {dest.child_url(name)}")
     return dest.child_url(name)
 
 
-def read_json_bytes(data: bytes) -> dict[str, Any]:
-    import json
-
-    doc = json.loads(data)
-    if not isinstance(doc, dict):
-        raise NoCheckpointError("a checkpoint manifest is not a JSON object")
-    return doc
+def parse_bundle(data: bytes, where: str) -> Bundle:
+    """A bundle.json, checked; NoCheckpointError naming the field when it is not one."""
+    try:
+        bundle = parse(json.loads(data), Bundle)
+    except (ValueError, RecursionError) as exc:  # SchemaError too
+        why = str(exc) if isinstance(exc, SchemaError) else f"not JSON ({exc})"
+        raise NoCheckpointError(f"{where} is not a ferry bundle: {why}") from None
+    parts = bundle["checkpoint"].split("/")
+    if bundle["checkpoint"].startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise NoCheckpointError(f"{where}: checkpoint {bundle['checkpoint']!r} points outside the bundle")
+    return bundle
 
 
 def relevant_env(env: dict[str, str]) -> dict[str, str]:
@@ -169,7 +200,7 @@ def relevant_env(env: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def export(record: JobRecord, dest_url: str, timeout: float, progress: Progress) -> dict[str, Any]:
+def export(record: JobRecord, dest_url: str, timeout: float, progress: Progress) -> dict[str, object]:
     """Stop a running job with a checkpoint (or take a stopped job's newest one) and write a
     bundle at ``dest_url``: ``bundle.json`` and ``checkpoints/<name>/``."""
     dest = open_storage(dest_url)
@@ -197,8 +228,11 @@ def export(record: JobRecord, dest_url: str, timeout: float, progress: Progress)
         progress(f"job {record.id} is not running: exporting its newest committed checkpoint")
     copied = copy_checkpoint(url, open_storage(dest.child_url("checkpoints")), progress)
     name = copied.rstrip("/").rsplit("/", 1)[-1]
-    manifest = read_json_bytes(open_storage(dest.child_url("checkpoints")).read_bytes(f"{name}/{MANIFEST}"))
-    bundle = {
+    from ferry.engine.manifest import decode_manifest  # torch: imported when needed
+
+    copies = open_storage(dest.child_url("checkpoints"))
+    manifest = decode_manifest(copies.read_bytes(f"{name}/{MANIFEST}"), copies.child_url(name))
+    bundle: Bundle = {
         "format": 1,
         "job": record.id,
         "command": command_of(record),
@@ -206,17 +240,15 @@ def export(record: JobRecord, dest_url: str, timeout: float, progress: Progress)
         "env": relevant_env(env),
         "autotrack": env.get("FERRY_AUTOTRACK", "1") != "0" if env else True,
         "checkpoint": f"checkpoints/{name}",
-        "step": manifest.get("step"),
+        "step": manifest["step"],
         "source_checkpoint": url,
         "python_executable": exe,
-        "torch_version": manifest.get("torch_version"),
-        "ferry_version": manifest.get("ferry_version"),
+        "torch_version": manifest["torch_version"],
+        "ferry_version": manifest["ferry_version"],
         "host": record.identity.get("host"),
         "exporter": {"python": platform.python_version(), "host": platform.node()},
         "created": time.time(),
     }
-    import json
-
     dest.write_bytes(BUNDLE, json.dumps(bundle, indent=1, sort_keys=True).encode())
     return {**bundle, "url": dest.url}
 
@@ -228,11 +260,11 @@ def _exe(pid: int) -> str | None:
         return None
 
 
-def load_bundle(source: str) -> dict[str, Any] | None:
+def load_bundle(source: str) -> Bundle | None:
     storage = open_storage(source)
     if not storage.exists(BUNDLE):
         return None
-    return read_json_bytes(storage.read_bytes(BUNDLE))
+    return parse_bundle(storage.read_bytes(BUNDLE), storage.child_url(BUNDLE))
 
 
 def prepare_resume(
@@ -245,11 +277,11 @@ def prepare_resume(
     env: dict[str, str] = {}
     cwd, autotrack = None, True
     if bundle is not None:
-        ckpt = open_storage(source).child_url(str(bundle["checkpoint"]))
-        command = command or [str(a) for a in bundle.get("command", [])]
-        env = {str(k): str(v) for k, v in (bundle.get("env") or {}).items()}
+        ckpt = open_storage(source).child_url(bundle["checkpoint"])
+        command = command or bundle.get("command", [])
+        env = dict(bundle.get("env", {}))
         cwd = bundle.get("cwd")
-        autotrack = bool(bundle.get("autotrack", True))
+        autotrack = bundle.get("autotrack", True)
     else:
         ckpt = source
         if not command:
@@ -276,4 +308,13 @@ def prepare_resume(
     return command, env, cwd, autotrack
 
 
-__all__ = ["Migration", "copy_checkpoint", "export", "load_bundle", "migrate", "prepare_resume"]
+__all__ = [
+    "Bundle",
+    "Migration",
+    "copy_checkpoint",
+    "export",
+    "load_bundle",
+    "migrate",
+    "parse_bundle",
+    "prepare_resume",
+]

@@ -14,9 +14,10 @@ import itertools
 import struct
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal, TypedDict
 
 from ferry.knobs import CHECKPOINT_EXIT_CODE
+from ferry.runtime.jobfiles import Event, Status
 
 W, H, PAD = 900, 380, 50
 COLORS = {
@@ -29,14 +30,35 @@ COLORS = {
 }
 
 
+class Mark(TypedDict):
+    """A vertical marker."""
+
+    kind: Literal["stop", "failure", "migration"]
+    time: float
+    text: str
+
+
+class Saved(TypedDict):
+    """A checkpoint, from its event."""
+
+    step: int
+    time: float
+    seconds: float
+    blocking_seconds: float
+    url: str | None
+
+
+Box = tuple[float, float, float, float]
+Shape = tuple[Literal["line", "rect"], Box, tuple[int, int, int]]
+
+
 @dataclass
 class Timeline:
     job: str
     segments: list[list[tuple[float, int]]] = field(default_factory=list)
     """(time, step) points of each worker's life."""
-    checkpoints: list[dict[str, Any]] = field(default_factory=list)
-    marks: list[dict[str, Any]] = field(default_factory=list)
-    """Vertical markers: kind (stop, failure, migration), time, text."""
+    checkpoints: list[Saved] = field(default_factory=list)
+    marks: list[Mark] = field(default_factory=list)
     lost_seconds: float = 0.0
     start: float = 0.0
     end: float = 1.0
@@ -46,12 +68,12 @@ class Timeline:
         return max([1, *(s for seg in self.segments for _, s in seg)])
 
 
-def build(job_id: str, events: list[dict[str, Any]], status: dict[str, Any]) -> Timeline:
+def build(job_id: str, events: list[Event], status: Status) -> Timeline:
     tl = Timeline(job_id)
     current: list[tuple[float, int]] = []
     last_ckpt_time: float | None = None
-    for e in sorted(events, key=lambda e: float(e.get("time", 0))):
-        t, kind = float(e.get("time", 0)), e.get("event")
+    for e in sorted(events, key=lambda e: e["time"]):
+        t, kind = e["time"], e["event"]
         step = e.get("step")
         if kind in ("run_start", "worker_start"):
             if current:
@@ -59,8 +81,15 @@ def build(job_id: str, events: list[dict[str, Any]], status: dict[str, Any]) -> 
             current = [(t, 0)] if kind == "worker_start" and not tl.checkpoints else []
         if isinstance(step, int) and kind in ("checkpoint", "resume", "stop"):
             current.append((t, step))
-        if kind == "checkpoint":
-            tl.checkpoints.append(e)
+        if kind == "checkpoint" and isinstance(step, int):
+            saved: Saved = {
+                "step": step,
+                "time": t,
+                "seconds": e.get("seconds", 0.0),
+                "blocking_seconds": e.get("blocking_seconds", 0.0),
+                "url": e.get("url"),
+            }
+            tl.checkpoints.append(saved)
             last_ckpt_time = t
         elif kind == "stop":
             tl.marks.append({"kind": "stop", "time": t, "text": f"stopped at step {step} (checkpointed)"})
@@ -80,20 +109,20 @@ def build(job_id: str, events: list[dict[str, Any]], status: dict[str, Any]) -> 
                 }
             )
         elif kind == "restart" and e.get("reason") == "requested":
-            env = " ".join(f"{k}={v}" for k, v in (e.get("env") or {}).items())
+            env = " ".join(f"{k}={v}" for k, v in e.get("env", {}).items())
             tl.marks.append(
                 {
                     "kind": "migration",
                     "time": t,
                     "text": f"restarted in place {env} "
-                    f"(down {float(e.get('downtime_seconds', 0)):.2f} s until the new worker started)",
+                    f"(down {e.get('downtime_seconds', 0.0):.2f} s until the new worker started)",
                 }
             )
-    if status.get("updated") and isinstance(status.get("step"), int):
-        current.append((float(status["updated"]), int(status["step"])))
+    if "updated" in status and "step" in status:
+        current.append((status["updated"], status["step"]))
     if current:
         tl.segments.append(current)
-    times = [float(e.get("time", 0)) for e in events] + [t for seg in tl.segments for t, _ in seg]
+    times = [e["time"] for e in events] + [t for seg in tl.segments for t, _ in seg]
     if times:
         tl.start, tl.end = min(times), max(max(times), min(times) + 1e-3)
     return tl
@@ -109,9 +138,9 @@ def _xy(tl: Timeline, t: float, step: float) -> tuple[float, float]:
     return x, y
 
 
-def _shapes(tl: Timeline) -> list[tuple[str, Any, tuple[int, int, int]]]:
+def _shapes(tl: Timeline) -> list[Shape]:
     """Primitives both renderers draw: ("line", (x0, y0, x1, y1)) and ("rect", (x0, y0, x1, y1))."""
-    out: list[tuple[str, Any, tuple[int, int, int]]] = []
+    out: list[Shape] = []
     out.append(("line", (PAD, H - PAD, W - PAD, H - PAD), COLORS["axis"]))
     out.append(("line", (PAD, PAD, PAD, H - PAD), COLORS["axis"]))
     for m in tl.marks:
@@ -122,8 +151,8 @@ def _shapes(tl: Timeline) -> list[tuple[str, Any, tuple[int, int, int]]]:
         for (t0, s0), (t1, s1) in itertools.pairwise(pts):
             out.append(("line", (*_xy(tl, t0, s0), *_xy(tl, t1, s1)), COLORS["curve"]))
     for c in tl.checkpoints:
-        t, secs = float(c["time"]), float(c.get("seconds", 0))
-        x0, y = _xy(tl, t - secs, int(c["step"]))
+        t, secs = c["time"], c["seconds"]
+        x0, y = _xy(tl, t - secs, c["step"])
         x1, _ = _xy(tl, t, 0)
         out.append(("rect", (x0, y - 4, max(x1, x0 + 2), y + 4), COLORS["checkpoint"]))
     return out
@@ -167,9 +196,9 @@ def png(tl: Timeline) -> bytes:
             continue
         n = int(max(abs(x1 - x0), abs(y1 - y0))) + 1
         for i in range(n + 1):
-            x, y = x0 + (x1 - x0) * i / n, y0 + (y1 - y0) * i / n
-            put(int(x), int(y), rgb)
-            put(int(x) + 1, int(y), rgb)
+            px, py = int(x0 + (x1 - x0) * i / n), int(y0 + (y1 - y0) * i / n)
+            put(px, py, rgb)
+            put(px + 1, py, rgb)
     raw = b"".join(b"\x00" + bytes(pixels[y * W * 3 : (y + 1) * W * 3]) for y in range(H))
 
     def chunk(tag: bytes, data: bytes) -> bytes:
@@ -184,19 +213,19 @@ def png(tl: Timeline) -> bytes:
     )
 
 
-def page(tl: Timeline, status: dict[str, Any]) -> str:
+def page(tl: Timeline, status: Status) -> str:
     esc = html.escape
     rows = "".join(
-        f"<tr><td>{c['step']}</td><td>{float(c['time']) - tl.start:.1f}</td>"
-        f"<td>{float(c.get('seconds', 0)):.3f}</td><td>{float(c.get('blocking_seconds', 0)):.3f}</td>"
-        f"<td>{esc(str(c.get('url')))}</td></tr>"
+        f"<tr><td>{c['step']}</td><td>{c['time'] - tl.start:.1f}</td>"
+        f"<td>{c['seconds']:.3f}</td><td>{c['blocking_seconds']:.3f}</td>"
+        f"<td>{esc(str(c['url']))}</td></tr>"
         for c in tl.checkpoints
     )
     marks = "".join(
         f'<li style="color:{hexcolor(COLORS[m["kind"]])}">{m["time"] - tl.start:.1f} s: {esc(m["text"])}</li>'
         for m in tl.marks
     )
-    saves = [float(c.get("seconds", 0)) for c in tl.checkpoints]
+    saves = [c["seconds"] for c in tl.checkpoints]
     mean = f"{sum(saves) / len(saves):.3f} s" if saves else "-"
     legend = ", ".join(
         f'<span style="color:{hexcolor(rgb)}">{k}</span>' for k, rgb in COLORS.items() if k != "axis"

@@ -3,25 +3,48 @@
 A controller drops ``control/req-<id>.json`` (written to a temporary name, then renamed);
 the worker picks requests up at its next safe point and answers with
 ``control/resp-<id>.json``. Only requests owned by the job's own user are obeyed: the
-directory is 0700, and the worker checks each file's owner anyway.
+directory is 0700, and the worker checks each file's owner anyway. A request is parsed
+whole (``RequestDoc``) before the worker acts on it: one that is not a small regular file
+of well-typed fields is refused, answered and logged, never raised into the training loop.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import stat
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from ferry.errors import JobError
 from ferry.runtime.jobdir import JobDir, read_json, write_json_atomic
+from ferry.runtime.jobfiles import Response, parse_response
+from ferry.typedjson import SchemaError, parse
+
+log = logging.getLogger("ferry")
 
 ACTIONS = ("checkpoint", "stop", "restart")
 """checkpoint: save and go on. stop: save and exit with the checkpoint code. restart: save,
 exit, and have the supervisor (``ferry run``) start the worker again in place, with the
 request's ``env`` applied (e.g. another CUDA_VISIBLE_DEVICES)."""
+
+MAX_REQUEST_BYTES = 64 << 10
+"""A request is a few hundred bytes; the limit leaves room for a big ``env``."""
+
+
+class RequestDoc(TypedDict, total=False):
+    """``control/req-<id>.json`` as a controller writes it (``submit``)."""
+
+    id: str
+    action: str
+    created: float
+    uid: int
+    """Informational: the worker trusts the file's owner, not what the file says."""
+    env: dict[str, str] | None
 
 
 @dataclass(frozen=True)
@@ -30,6 +53,20 @@ class Request:
     action: str
     created: float
     env: dict[str, str] | None = None
+
+
+def parse_request(rid: str, raw: object) -> Request:
+    """The request ``rid`` from its decoded file; JobError, naming the field, if it is not
+    one the worker may act on (the worker then answers with that error and does nothing)."""
+    try:
+        doc = parse(raw, RequestDoc)
+    except SchemaError as exc:
+        why = "it is not a JSON object" if not exc.field else f"malformed {exc}"
+        raise JobError(f"request {rid} refused: {why}; nothing was done") from None
+    action = doc.get("action")
+    if action not in ACTIONS:
+        raise JobError(f"unknown action {action!r}")
+    return Request(rid, action, doc.get("created", 0.0), doc.get("env"))
 
 
 def submit(job: JobDir, action: str, env: dict[str, str] | None = None) -> str:
@@ -47,14 +84,32 @@ def submit(job: JobDir, action: str, env: dict[str, str] | None = None) -> str:
     return rid
 
 
-def wait_response(job: JobDir, rid: str, timeout: float | None, alive: Any = None) -> dict[str, Any]:
+def response_path(job: JobDir, rid: str) -> str:
+    return os.path.join(job.control, f"resp-{rid}.json")
+
+
+def read_response(job: JobDir, rid: str) -> Response | None:
+    """The worker's answer to ``rid``, or None while there is none; JobError when it is not
+    an answer."""
+    path = response_path(job, rid)
+    try:
+        raw = read_json(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise JobError(f"cannot read the answer to request {rid}: {exc}") from None
+    return parse_response(raw, path)
+
+
+def wait_response(
+    job: JobDir, rid: str, timeout: float | None, alive: Callable[[], bool] | None = None
+) -> Response:
     """Wait for the worker's answer to request ``rid``."""
-    path = os.path.join(job.control, f"resp-{rid}.json")
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        if os.path.exists(path):
-            doc = read_json(path)
-            return doc if isinstance(doc, dict) else {}
+        answer = read_response(job, rid)
+        if answer is not None:
+            return answer
         if alive is not None and not alive():
             raise JobError(f"the job's worker exited before answering request {rid}")
         if deadline is not None and time.monotonic() > deadline:
@@ -85,33 +140,41 @@ class ControlInbox:
                 continue
             rid = entry.name[4:-5]
             try:
-                owner = entry.stat().st_uid
-                doc = read_json(entry.path)
-            except ValueError:
-                doc = None  # garbled: answered below, never re-read
+                st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
-            with contextlib.suppress(OSError):
-                os.unlink(entry.path)
-            if owner != self.uid:
-                self.respond(
-                    rid,
-                    ok=False,
-                    error=f"refused: request owned by uid {owner}, the job runs as uid {self.uid}",
-                )
-                continue
-            if not isinstance(doc, dict):
-                self.respond(rid, ok=False, error="the request is not a JSON object; nothing was done")
-                continue
-            action = doc.get("action")
-            if action not in ACTIONS:
-                self.respond(rid, ok=False, error=f"unknown action {action!r}")
-                continue
-            env = doc.get("env") if isinstance(doc.get("env"), dict) else None
-            requests.append(Request(rid, str(action), float(doc.get("created", 0)), env))
+            request = self._take(rid, entry.path, st)
+            if request is not None:
+                requests.append(request)
         return sorted(requests, key=lambda r: r.created)
 
-    def respond(self, rid: str, *, ok: bool, **fields: Any) -> None:
+    def _take(self, rid: str, path: str, st: os.stat_result) -> Request | None:
+        """Read and delete one request file; answer it at once when it is refused."""
+        why: str | None = None
+        raw: object = None
+        if st.st_uid != self.uid:
+            why = f"refused: request owned by uid {st.st_uid}, the job runs as uid {self.uid}"
+        elif not stat.S_ISREG(st.st_mode):
+            why = "refused: the request is not a regular file (a link, a pipe); nothing was done"
+        else:
+            try:
+                raw = read_json(path, MAX_REQUEST_BYTES)
+            except ValueError as exc:  # garbled or oversized: answered, never re-read
+                why = f"refused: the request is not readable JSON ({exc}); nothing was done"
+            except OSError:
+                return None  # gone meanwhile, or replaced by a link: looked at next time
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        if why is None:
+            try:
+                return parse_request(rid, raw)
+            except JobError as exc:
+                why = str(exc)
+        log.warning("ferry: control request %s ignored: %s", rid, why)
+        self.respond(rid, ok=False, error=why)
+        return None
+
+    def respond(self, rid: str, *, ok: bool, **fields: object) -> None:
         doc = {"id": rid, "ok": ok, "time": time.time(), **fields}
         with contextlib.suppress(OSError):  # the controller then times out and says so
-            write_json_atomic(os.path.join(self.job.control, f"resp-{rid}.json"), doc)
+            write_json_atomic(response_path(self.job, rid), doc)

@@ -14,15 +14,33 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import socket
+import stat
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from ferry.errors import JobError
+from ferry.runtime.jobfiles import (
+    STATES,
+    Event,
+    Identity,
+    Status,
+    parse_event,
+    parse_identity,
+    parse_status,
+)
 
-STATES = ("starting", "running", "checkpointing", "checkpointed", "resumed", "finished", "failed")
+log = logging.getLogger("ferry")
+
+MAX_DOC_BYTES = 1 << 20
+"""job.json, status.json, a control file: a few KiB when ferry writes them (status.json
+keeps 50 checkpoints). A bigger one is not ferry's, and is not read."""
+MAX_EVENT_BYTES = 64 << 10
+"""One line of events.jsonl; the file itself grows with the job's life and is not capped."""
 
 
 def ferry_home() -> str:
@@ -37,7 +55,7 @@ def jobs_root() -> str:
     return os.path.join(ferry_home(), "jobs")
 
 
-def write_json_atomic(path: str, doc: Any) -> None:
+def write_json_atomic(path: str, doc: object) -> None:
     tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -45,9 +63,38 @@ def write_json_atomic(path: str, doc: Any) -> None:
     os.replace(tmp, path)
 
 
-def read_json(path: str) -> Any:
-    with open(path) as f:
-        return json.load(f)
+def read_json(path: str, limit: int = MAX_DOC_BYTES) -> Any:
+    """The decoded JSON of the regular file ``path``, for its caller to parse. A symlink
+    (OSError), a FIFO or device (which could hang the reader), a file over ``limit`` bytes
+    and bytes that are not JSON (ValueError) are refused; FileNotFoundError and
+    PermissionError come through as they are."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        if st.st_size > limit:
+            raise ValueError(f"{path} holds {st.st_size} bytes, more than the {limit} ferry reads")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ValueError(f"{path} holds more than the {limit} bytes ferry reads")
+    return json.loads(data)
+
+
+_reported: set[str] = set()
+
+
+def report_dropped(problem: str) -> None:
+    """Log a malformed field of a job file once per process, not at every poll of it."""
+    if problem in _reported:
+        return
+    if len(_reported) >= 1000:  # bounded: a job dir full of garbage must not grow memory
+        _reported.clear()
+    _reported.add(problem)
+    log.warning("ferry: %s", problem)
 
 
 class JobDir:
@@ -80,10 +127,10 @@ class JobDir:
         return os.path.join(self.path, name)
 
     # ----------------------------------------------------------------- worker side
-    def write_identity(self, **fields: Any) -> None:
+    def write_identity(self, **fields: object) -> None:
         if not self.writer:
             return
-        existing = self.identity() if os.path.exists(self.file("job.json")) else {}
+        existing = self._own("job.json")
         doc = {"host": socket.gethostname(), "uid": os.getuid(), "created": time.time(), **existing, **fields}
         write_json_atomic(self.file("job.json"), doc)
 
@@ -106,26 +153,37 @@ class JobDir:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def update_status(self, state: str, **fields: Any) -> dict[str, Any]:
+    def update_status(self, state: str, **fields: object) -> None:
         assert state in STATES, state
-        if not self.writer:
-            return {}
-        with self._mutex:
-            doc = self.status()
-            doc.update(fields, state=state, updated=time.time())
-            write_json_atomic(self.file("status.json"), doc)
-            return doc
-
-    def record_checkpoint(self, entry: dict[str, Any], keep: int = 50) -> None:
         if not self.writer:
             return
         with self._mutex:
-            doc = self.status()
-            history = [*doc.get("checkpoints", []), entry][-keep:]
+            doc = self._own("status.json")
+            doc.update(fields, state=state, updated=time.time())
+            write_json_atomic(self.file("status.json"), doc)
+
+    def record_checkpoint(self, entry: Mapping[str, object], keep: int = 50) -> None:
+        if not self.writer:
+            return
+        with self._mutex:
+            doc = self._own("status.json")
+            kept = parse_status(doc, report_dropped, self.file("status.json")).get("checkpoints", [])
+            history = [*kept, entry][-keep:]
             doc.update(checkpoints=history, last_checkpoint=entry, updated=time.time())
             write_json_atomic(self.file("status.json"), doc)
 
-    def event(self, kind: str, **fields: Any) -> None:
+    def _own(self, name: str) -> dict[str, object]:
+        """A file this process rewrites, every field kept (those of other ferry versions too)."""
+        try:
+            doc = read_json(self.file(name))
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            report_dropped(f"{self.file(name)} is unreadable ({exc}); it is written anew")
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    def event(self, kind: str, **fields: object) -> None:
         if not self.writer:
             return
         line = json.dumps({"time": time.time(), "event": kind, **fields}, default=str)
@@ -133,26 +191,60 @@ class JobDir:
             f.write(line + "\n")
 
     # ----------------------------------------------------------------- reader side
-    def identity(self) -> dict[str, Any]:
-        try:
-            doc = read_json(self.file("job.json"))
-            return doc if isinstance(doc, dict) else {}
-        except (FileNotFoundError, ValueError):
-            return {}
+    def identity(self) -> Identity:
+        """``job.json``, its well-formed fields; {} when it is missing or unreadable."""
+        return parse_identity(self._read("job.json"), report_dropped, self.file("job.json"))
 
-    def status(self) -> dict[str, Any]:
-        try:
-            doc = read_json(self.file("status.json"))
-            return doc if isinstance(doc, dict) else {}
-        except (FileNotFoundError, ValueError):
-            return {}
+    def status(self) -> Status:
+        """``status.json``, its well-formed fields; {} when it is missing or unreadable."""
+        return parse_status(self._read("status.json"), report_dropped, self.file("status.json"))
 
-    def events(self) -> list[dict[str, Any]]:
+    def _read(self, name: str) -> object:
+        """A job file's JSON, or None when it is missing or cannot be read (said once in the
+        log). PermissionError comes through: the job belongs to another user."""
         try:
-            with open(self.file("events.jsonl")) as f:
-                return [json.loads(line) for line in f if line.strip()]
+            return read_json(self.file(name))
+        except FileNotFoundError:
+            return None
+        except PermissionError:
+            raise
+        except (OSError, ValueError) as exc:
+            report_dropped(f"{self.file(name)} is unreadable ({exc}); ignored")
+            return None
+
+    def events(self) -> list[Event]:
+        """The well-formed lines of ``events.jsonl``, oldest first; the others are skipped."""
+        path = self.file("events.jsonl")
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return []
+        except PermissionError:
+            raise
+        except OSError as exc:
+            report_dropped(f"{path} is unreadable ({exc}); ignored")
+            return []
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                report_dropped(f"{path} is not a regular file; ignored")
+                return []
+            out = []
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{n}"
+                if len(line) > MAX_EVENT_BYTES:
+                    report_dropped(f"{where}: a line of {len(line)} bytes is not ferry's; line skipped")
+                    continue
+                try:
+                    raw = json.loads(line)
+                except ValueError:  # a torn append (a full disk), or not ferry's
+                    report_dropped(f"{where}: not JSON; line skipped")
+                    continue
+                event = parse_event(raw, report_dropped, where)
+                if event is not None:
+                    out.append(event)
+            return out
 
     def is_locked(self) -> bool:
         """True while a live worker holds the lock."""

@@ -1,0 +1,200 @@
+"""The manifest of a checkpoint (docs/format.md), declared once and checked where it is read.
+
+``Manifest``, ``FileEntry`` and ``TensorRecord`` are the document as JSON has it; the
+writer (persist.py) builds one, and ``parse_manifest`` turns whatever a file holds into
+one, or raises: ``CorruptCheckpointError`` for a damaged or malformed manifest (the
+message names the field), ``UnsafeCheckpointError`` for one that asks for something
+ferry never does (a pickle, an unknown dtype or tag). Nothing is read from the data files
+before the whole manifest, its state tree included, passed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, TypedDict
+
+from ferry.engine.format import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    _safe_np_dtype,
+    manifest_checksum,
+    torch_dtype,
+    unflatten,
+)
+from ferry.errors import CorruptCheckpointError, UnsafeCheckpointError
+from ferry.typedjson import SchemaError, parse
+
+
+class FileEntry(TypedDict):
+    """One file of the checkpoint, the manifest aside."""
+
+    size: int
+    xxh3_64: str
+    """XXH3-64 of the whole file, lowercase hex."""
+
+
+class TensorRecord(TypedDict):
+    """Where tensor ``i`` of the tree lies, and what it is."""
+
+    dtype: str
+    """A name from format.TORCH_DTYPES (torch), or numpy's dtype string (numpy)."""
+    shape: list[int]
+    nbytes: int
+    kind: Literal["torch", "numpy"]
+    device: str
+    """Where it was saved from; informational."""
+    file: str
+    offset: int
+
+
+class Manifest(TypedDict):
+    format: str
+    version: int
+    step: int
+    created: float
+    created_iso: str
+    ferry_version: str
+    torch_version: str
+    python_version: str
+    host: str
+    pid: int
+    world_size: int
+    files: dict[str, FileEntry]
+    tensors: list[TensorRecord]
+    tree: object
+    """The state, JSON with the tags of format.py; checked by decoding it."""
+    meta: dict[str, object]
+
+
+class Part(TypedDict):
+    """A rank's own part of a multi-rank checkpoint (``rank-R.json``, engine/ranks.py)."""
+
+    tree: object
+    tensors: list[TensorRecord]
+
+
+def _malformed(where: str, why: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(f"{where}: malformed manifest: {why}")
+
+
+def decode_manifest(data: bytes, where: str) -> Manifest:
+    """The manifest in the bytes of ``manifest.json``, checked (``parse_manifest``)."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        if data[:2] == b"PK" or data[:1] == b"\x80":
+            raise UnsafeCheckpointError(
+                f"{where} is a pickle/zip file, not a ferry manifest; ferry never unpickles"
+            ) from exc
+        raise CorruptCheckpointError(f"{where}: manifest is not valid JSON ({exc})") from exc
+    except RecursionError as exc:
+        raise CorruptCheckpointError(f"{where}: manifest nests too deep to be ferry's") from exc
+    return parse_manifest(doc, where)
+
+
+def parse_manifest(raw: object, where: str) -> Manifest:
+    """``raw`` (decoded JSON) as a Manifest: what it is, its version, its checksum, every
+    field's type, the file names, each tensor's place in its file, and the state tree."""
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
+        raise UnsafeCheckpointError(f"{where} is not a ferry checkpoint manifest")
+    version = raw.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise _malformed(where, f"version: expected an integer, got {version!r}")
+    if version > FORMAT_VERSION:
+        raise CorruptCheckpointError(
+            f"{where}: format version {version} is newer than this ferry "
+            f"understands ({FORMAT_VERSION}); upgrade ferry"
+        )
+    body = {k: v for k, v in raw.items() if k != "checksum"}
+    if raw.get("checksum") != manifest_checksum(body):
+        raise CorruptCheckpointError(f"{where}: manifest checksum mismatch (damaged file)")
+    try:
+        manifest = parse(body, Manifest)
+    except SchemaError as exc:
+        raise _malformed(where, str(exc)) from None
+    if manifest["step"] < 0 or manifest["world_size"] < 1:
+        raise _malformed(where, f"step {manifest['step']}, world_size {manifest['world_size']}")
+    _check_body(manifest, manifest["files"], where)
+    return manifest
+
+
+def parse_part(raw: object, files: Mapping[str, FileEntry], where: str) -> Part:
+    """A rank's part, checked as a manifest's tree and tensors are, against ``files``."""
+    try:
+        part = parse(raw, Part)
+    except SchemaError as exc:
+        raise _malformed(where, str(exc)) from None
+    _check_body(part, files, where)
+    return part
+
+
+def _check_body(doc: Manifest | Part, files: Mapping[str, FileEntry], where: str) -> None:
+    try:
+        check_files(files, where)
+        check_tensors(doc["tensors"], files, where)
+        decode_tree(doc, [None] * len(doc["tensors"]), where)  # refuse before any data
+    except CorruptCheckpointError as exc:
+        if where in str(exc):
+            raise
+        raise type(exc)(f"{where}: {exc}") from exc  # say which checkpoint, not only why
+
+
+def check_files(files: Mapping[str, FileEntry], where: str) -> None:
+    """Every name stays inside the checkpoint folder; every size is a size."""
+    for file, meta in files.items():
+        parts = file.split("/")
+        if file.startswith("/") or "\\" in file or any(p in ("", ".", "..") for p in parts):
+            raise _malformed(where, f"file name {file!r} points outside the checkpoint folder")
+        if meta["size"] < 0:
+            raise _malformed(where, f"files.{file}.size: {meta['size']} is negative")
+
+
+def check_tensors(tensors: list[TensorRecord], files: Mapping[str, FileEntry], where: str) -> None:
+    """Each tensor's bytes fit its dtype and shape and lie inside a file of the checkpoint."""
+    for i, e in enumerate(tensors):
+        if e["file"] not in files:
+            raise _malformed(where, f"tensor {i} names no file of the checkpoint")
+        shape, offset, nbytes = e["shape"], e["offset"], e["nbytes"]
+        if any(s < 0 for s in shape):
+            raise _malformed(where, f"tensor {i} has shape {shape!r}")
+        if offset < 0 or nbytes < 0:
+            raise _malformed(where, f"tensor {i} has offset {offset!r}, nbytes {nbytes!r}")
+        if e["kind"] == "numpy":
+            itemsize = _safe_np_dtype(e["dtype"]).itemsize
+        else:
+            itemsize = torch_dtype(e["dtype"]).itemsize
+        if nbytes != math.prod(shape) * itemsize or offset % itemsize:
+            raise _malformed(
+                where, f"tensor {i}: {nbytes} bytes at offset {offset} do not fit {e['dtype']} {shape}"
+            )
+        if offset + nbytes > files[e["file"]]["size"]:
+            raise _malformed(where, f"tensor {i} lies outside its file")
+
+
+def decode_tree(doc: Manifest | Part, arrays: Sequence[object], where: str) -> Any:
+    """The state tree of ``doc`` with tensor ``i`` replaced by ``arrays[i]``; a malformed
+    tree is a CorruptCheckpointError, an unsafe one an UnsafeCheckpointError."""
+    try:
+        return unflatten(doc["tree"], arrays)
+    except CorruptCheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError) as exc:
+        raise CorruptCheckpointError(
+            f"{where}: malformed manifest tree ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+__all__ = [
+    "FileEntry",
+    "Manifest",
+    "Part",
+    "TensorRecord",
+    "check_files",
+    "check_tensors",
+    "decode_manifest",
+    "decode_tree",
+    "parse_manifest",
+    "parse_part",
+]

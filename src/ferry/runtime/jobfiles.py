@@ -1,0 +1,195 @@
+"""The documents of a job directory (docs/jobs.md), declared once and parsed where they are read.
+
+``job.json``, ``status.json`` and each line of ``events.jsonl`` are rewritten or appended
+while other processes read them, by writers of several versions: a reader takes what it
+can. A field of the wrong type is left out (and reported to ``dropped``, which logs it), a
+line that is not an event is skipped; nothing malformed reaches the code that uses them,
+and nothing malformed raises into it either. A control answer (``resp-<id>.json``) is
+read once, by the controller that waits for it: a malformed one is a ``JobError``.
+Control requests are parsed in control.py, next to the inbox that obeys them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal, TypedDict, TypeVar, get_args
+
+from ferry.errors import JobError
+from ferry.typedjson import SchemaError, parse, salvage
+
+State = Literal["starting", "running", "checkpointing", "checkpointed", "resumed", "finished", "failed"]
+STATES: tuple[State, ...] = get_args(State)
+
+Dropped = Callable[[str], None]
+"""Told, in one line, about each field (or line) that was left out."""
+
+
+class Identity(TypedDict, total=False):
+    """``job.json``: who runs the job. Written by the supervisor, the worker's session, or both."""
+
+    id: str
+    host: str
+    uid: int
+    created: float
+    user: str
+    cwd: str
+    command: list[str]
+    argv: list[str]
+    checkpoint_dir: str
+    supervisor_pid: int | None
+    worker_pid: int | None
+    pid: int
+    scheduler: str
+    scheduler_restarts: int
+
+
+class CheckpointRecord(TypedDict):
+    """A committed checkpoint, as ``status.json`` keeps it (and the ``checkpoint`` event)."""
+
+    step: int
+    url: str
+    bytes: int
+    seconds: float
+    blocking_seconds: float
+    time: float
+
+
+class Status(TypedDict, total=False):
+    """``status.json``: how far the job got. Every field is optional: it grows by updates."""
+
+    state: State
+    step: int
+    updated: float
+    pid: int
+    worker_pid: int | None
+    supervisor_pid: int | None
+    resumed_from: str
+    url: str
+    last_checkpoint: CheckpointRecord
+    checkpoints: list[CheckpointRecord]
+    exit_code: int | None
+    error: str | None
+    restart: dict[str, str] | None
+    """After a ``restart`` request: the env to start the worker again with."""
+    started: float
+    ended: float
+    worker_started: float
+    restarts: int
+    max_restarts: int
+    failures: int
+
+
+class _EventBase(TypedDict):
+    time: float
+    event: str
+
+
+class Event(_EventBase, total=False):
+    """One line of ``events.jsonl``: ``time`` and ``event``, and the fields of that kind."""
+
+    step: int | None
+    url: str | None
+    bytes: int
+    seconds: float
+    blocking_seconds: float
+    error: str
+    exit_code: int
+    name: str
+    retried: int
+    supervisor_pid: int
+    command: list[str]
+    pid: int | None
+    restarts: int
+    failures: int
+    signal: str | None
+    action: str
+    grace_seconds: float
+    returncode: int
+    reason: str
+    downtime_seconds: float
+    env: dict[str, str | None]
+    backoff_seconds: float
+    state: str
+    message: str
+
+
+class _ResponseBase(TypedDict):
+    id: str
+    ok: bool
+
+
+class Response(_ResponseBase, total=False):
+    """``control/resp-<id>.json``: the worker's answer; with ``ok``, the checkpoint it took."""
+
+    time: float
+    step: int
+    url: str
+    seconds: float
+    error: str
+
+
+MINIMUM = {"pid": 1, "worker_pid": 1, "supervisor_pid": 1, "uid": 0}
+"""Integer fields with a floor: a controller signals pids and looks them up in /proc, where 0
+or less would address a process group or every process."""
+
+D = TypeVar("D", Identity, Status, Event)
+
+
+def _salvage(raw: object, schema: type[D], dropped: Dropped, where: str) -> D:
+    if isinstance(raw, dict):
+        low = [k for k, floor in MINIMUM.items() if type(raw.get(k)) is int and raw[k] < floor]
+        for key in low:
+            dropped(f"{where}: {key}: {raw[key]} is out of range; left out")
+        raw = {k: v for k, v in raw.items() if k not in low}
+    return salvage(raw, schema, lambda exc: dropped(f"{where}: {exc}; left out"))
+
+
+def parse_identity(raw: object, dropped: Dropped, where: str = "job.json") -> Identity:
+    """What can be taken from a decoded ``job.json``; {} if it is not an object."""
+    try:
+        return _salvage(raw, Identity, dropped, where)
+    except SchemaError as exc:
+        dropped(f"{where}: {exc.why}; ignored")
+        return {}
+
+
+def parse_status(raw: object, dropped: Dropped, where: str = "status.json") -> Status:
+    """What can be taken from a decoded ``status.json``; {} if it is not an object."""
+    try:
+        return _salvage(raw, Status, dropped, where)
+    except SchemaError as exc:
+        dropped(f"{where}: {exc.why}; ignored")
+        return {}
+
+
+def parse_event(raw: object, dropped: Dropped, where: str = "events.jsonl") -> Event | None:
+    """One decoded line of ``events.jsonl``; None when it has no valid ``time`` and ``event``."""
+    try:
+        return _salvage(raw, Event, dropped, where)
+    except SchemaError as exc:
+        dropped(f"{where}: {exc}; line skipped")
+        return None
+
+
+def parse_response(raw: object, where: str) -> Response:
+    """A decoded answer; JobError, naming the field, when it is not one."""
+    try:
+        return parse(raw, Response)
+    except SchemaError as exc:
+        raise JobError(f"{where} is not a ferry answer ({exc}): was it written by hand?") from None
+
+
+__all__ = [
+    "STATES",
+    "CheckpointRecord",
+    "Dropped",
+    "Event",
+    "Identity",
+    "Response",
+    "State",
+    "Status",
+    "parse_event",
+    "parse_identity",
+    "parse_response",
+    "parse_status",
+]
