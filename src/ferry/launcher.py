@@ -538,12 +538,14 @@ class Supervisor:
         if self._stop_signal is not None:  # the scheduler (or the operator) wants the job gone
             name = signal_name(self._stop_signal)
             if returncode == o.exit_code:
-                # The scheduler may take the job back (SLURM requeues it) and pick the status.
+                # The scheduler may take the job back (SLURM requeues it) and pick the status. It
+                # comes last: SLURM kills the batch step soon after the requeue, so the job's end
+                # is recorded first.
                 step = self.job.status().get("step")
-                code = self.scheduler.after_checkpoint(
+                self._end("checkpointed", code, f"checkpointed on {name}; {self._resume_hint()}")
+                return self.scheduler.after_checkpoint(
                     step=step if isinstance(step, int) else None, code=code, state_dir=self.job.path
                 )
-                return self._end("checkpointed", code, f"checkpointed on {name}; {self._resume_hint()}")
             if self._killed:
                 why = f"was killed with SIGKILL after the {o.grace_seconds:g} s grace period"
             elif returncode < 0:
