@@ -47,10 +47,10 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-# cred_expire: how long slurmd refuses a revoked credential, hence how long SLURM holds a
-# requeued job (its BeginTime; 120 s by default). Starting it sooner (scontrol update
-# StartTime=now) races the revocation: "Job credential revoked", and the job fails.
-AuthInfo=socket={munge_socket},cred_expire={cred_expire}
+# cred_expire: how long SLURM holds a requeued job (its BeginTime: cred_expire + 1 s; 120 s by
+# default). 5 s keeps the tests short without forcing StartTime=now, which worked here too
+# (22.05.8: "reissued job credential"; docs/schedulers.md has what was tried).
+AuthInfo=socket={munge_socket}{cred_expire}
 StateSaveLocation={base}/state
 SlurmdSpoolDir={base}/spool
 SlurmctldPidFile={base}/slurmctld.pid
@@ -90,10 +90,12 @@ class SlurmCluster:
     def env(self) -> dict[str, str]:
         return {"SLURM_CONF": str(self.conf)}
 
-    def run(self, *args: str, check: bool = True) -> str:
-        """A SLURM client command against this cluster; its stdout."""
-        env = {**os.environ, **self.env}
-        done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=30)
+    def run(
+        self, *args: str, check: bool = True, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> str:
+        """A SLURM client command against this cluster (in ``env``, ours by default); its stdout."""
+        env = {**(os.environ if env is None else env), **self.env}
+        done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=30, cwd=cwd)
         if check and done.returncode != 0:
             raise RuntimeError(f"{' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
         return done.stdout
@@ -182,8 +184,9 @@ def _start_munge(base: Path) -> subprocess.Popen[bytes]:
 
 
 @contextlib.contextmanager
-def slurm_cluster() -> Iterator[SlurmCluster]:
-    """Start munged, slurmctld and slurmd; stop them (and any job left) on the way out."""
+def slurm_cluster(cred_expire: int | None = CRED_EXPIRE) -> Iterator[SlurmCluster]:
+    """Start munged, slurmctld and slurmd; stop them (and any job left) on the way out.
+    ``cred_expire``: AuthInfo's, in seconds; None leaves SLURM's default (120 s)."""
     base = Path(tempfile.mkdtemp(prefix="ferry-slurm-"))
     base.chmod(0o755)  # munged, as user munge, must reach its folder inside
     procs: list[subprocess.Popen[bytes]] = []
@@ -200,7 +203,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
                 ctld_port=_free_port(),
                 slurmd_port=_free_port(),
                 munge_socket=base / "munge" / "munge.socket",
-                cred_expire=CRED_EXPIRE,
+                cred_expire="" if cred_expire is None else f",cred_expire={cred_expire}",
             )
         )
         cluster = SlurmCluster(base=base, conf=conf)

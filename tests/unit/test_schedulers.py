@@ -3,7 +3,11 @@ files under examples/ checked against the pure functions that generate them."""
 
 from __future__ import annotations
 
+import os
+import stat
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,7 +17,16 @@ from ferry.errors import ConfigError
 from ferry.schedulers import REGISTRY, SchedulerAdapter, detect
 from ferry.schedulers import kubernetes as k8s
 from ferry.schedulers.htcondor import parse_job_ad, submit_file
-from ferry.schedulers.slurm import SbatchSpec, sbatch_script
+from ferry.schedulers.slurm import (
+    Decision,
+    SbatchSpec,
+    SlurmRun,
+    claim_name,
+    process_start,
+    requeue_decision,
+    sbatch_script,
+)
+from ferry.schedulers.slurm import detect as detect_slurm
 from ferry.schedulers.templates import EXAMPLES
 
 EXAMPLES_DIR = Path(__file__).parents[2] / "examples"
@@ -51,6 +64,105 @@ def test_slurm_identity_is_array_aware_and_counts_restarts() -> None:
     task = detect({"SLURM_JOB_ID": "130", "SLURM_ARRAY_JOB_ID": "128", "SLURM_ARRAY_TASK_ID": "2"})
     assert task.job_id() == "slurm-128_2" and task.restart_count() == 0
     assert plain.stop_signal == "SIGUSR1" and plain.exit_code(85) == 85
+
+
+RUN = SlurmRun(job="100", cluster="c", restart=0, started=1000.0)
+TASK = SlurmRun(job="128_2", cluster="c", restart=0, started=1000.0)
+AGAIN = SlurmRun(job="100", cluster="c", restart=1, started=2000.0)
+
+
+def claim(
+    job: str = "100", cluster: str | None = "c", restart: int = 0, step: int = 5, at: float = 1010.0
+) -> dict[str, Any]:
+    """A requeue claim as a SLURM job writes it: RUN's own by default, after RUN started."""
+    return {"job": job, "cluster": cluster, "restart": restart, "step": step, "time": at}
+
+
+@pytest.mark.parametrize(
+    ("run", "step", "this", "previous", "expected"),
+    [
+        (RUN, 5, None, None, Decision.REQUEUE),
+        (RUN, 5, claim(), None, Decision.ALREADY_REQUEUED),  # a second signal, another layer
+        (RUN, 5, claim(job="99"), None, Decision.REQUEUE),  # an earlier SLURM job, same --job-id
+        (RUN, 5, claim(cluster="other"), None, Decision.REQUEUE),  # another cluster's job 100
+        (RUN, 5, claim(cluster=None), None, Decision.REQUEUE),
+        (RUN, 5, claim(restart=1), None, Decision.REQUEUE),
+        (RUN, 5, claim(at=900.0), None, Decision.REQUEUE),  # job 100 again, after a state reset
+        (RUN, 5, claim(at=999.0), None, Decision.ALREADY_REQUEUED),  # within the clock's slack
+        (
+            SlurmRun(job="100", cluster="c", restart=0, started=None),
+            5,
+            claim(at=9.0),
+            None,
+            Decision.ALREADY_REQUEUED,
+        ),
+        (TASK, 5, claim(job="128_2"), None, Decision.ALREADY_REQUEUED),
+        (TASK, 5, claim(job="128_3"), None, Decision.REQUEUE),  # another task of the array
+        (TASK, 5, claim(job="128"), None, Decision.REQUEUE),  # the array as a whole
+        (TASK, 5, claim(job="130"), None, Decision.REQUEUE),  # the task's own SLURM_JOB_ID
+        (AGAIN, 5, None, claim(), Decision.NO_PROGRESS),
+        (AGAIN, 6, None, claim(), Decision.REQUEUE),
+        (AGAIN, 5, None, claim(job="99"), Decision.REQUEUE),  # another job's requeue says nothing
+        (AGAIN, 5, None, claim(cluster="other"), Decision.REQUEUE),
+        (AGAIN, 5, None, claim(restart=1), Decision.REQUEUE),
+        (AGAIN, 7, claim(restart=1, step=7, at=2100.0), claim(), Decision.ALREADY_REQUEUED),
+        (SlurmRun(job="100", cluster="c", restart=20, started=0.0), 5, None, None, Decision.BUDGET_SPENT),
+    ],
+)
+def test_requeue_decision_keys_the_claim_to_the_slurm_job_and_restart(
+    run: SlurmRun, step: int, this: dict[str, Any] | None, previous: dict[str, Any] | None, expected: Decision
+) -> None:
+    assert requeue_decision(run, step=step, max_requeues=20, claim=this, previous=previous) is expected
+
+
+def test_claim_files_are_named_per_slurm_job_and_restart() -> None:
+    names = {claim_name(job, restart) for job in ("100", "99", "128_2", "128_3") for restart in (0, 1)}
+    assert len(names) == 8 and claim_name("128_2", 0) == "slurm-requeue-128_2-0.json"
+    assert claim_name("../x y", 3) == "slurm-requeue-..-x-y-3.json"
+    assert "/" not in claim_name("a/b", 0)
+
+
+def test_the_slurm_run_comes_from_the_environment() -> None:
+    adapter = detect_slurm(
+        {
+            "SLURM_JOB_ID": "130",
+            "SLURM_ARRAY_JOB_ID": "128",
+            "SLURM_ARRAY_TASK_ID": "2",
+            "SLURM_RESTART_COUNT": "3",
+            "SLURM_CLUSTER_NAME": "c",
+        }
+    )
+    assert adapter is not None
+    run = adapter.run()
+    assert (run.job, run.cluster, run.restart) == ("128_2", "c", 3)
+    started = process_start(os.getpid())
+    assert started is not None and started <= time.time() and run.started == started
+    assert process_start(2**22 + 1) is None  # above pid_max: no such process
+
+
+def test_a_claim_from_another_slurm_job_never_blocks_the_requeue(tmp_path: Path) -> None:
+    """The stale claims an earlier SLURM job with the same ferry job id left behind, in the
+    old layout and the new: the requeue happens, once."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "scontrol"
+    exe.write_text(f'#!/bin/sh\necho "$@" >> "{tmp_path}/calls.txt"\n')
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "slurm-requeue-0.json").write_text('{"job": "1", "restart": 0, "step": 5, "time": 1}')
+    (job / claim_name("1", 0)).write_text('{"job": "1", "cluster": "c", "restart": 0, "step": 5, "time": 1}')
+    env = {"SLURM_JOB_ID": "2", "SLURM_CLUSTER_NAME": "c", "PATH": str(bin_dir)}
+    first = detect_slurm(env)
+    assert first is not None and first.after_checkpoint(step=5, code=85, state_dir=str(job)) == 85
+    assert (tmp_path / "calls.txt").read_text().splitlines() == ["requeue 2"]
+    # SLURM job 1 again (ids start again at 1 after a state reset): its old claim predates it.
+    again = detect_slurm({**env, "SLURM_JOB_ID": "1"})
+    assert again is not None and again.after_checkpoint(step=5, code=85, state_dir=str(job)) == 85
+    assert (tmp_path / "calls.txt").read_text().splitlines() == ["requeue 2", "requeue 1"]
+    # The same preemption seen again: no second requeue.
+    assert again.after_checkpoint(step=6, code=85, state_dir=str(job)) == 85
+    assert (tmp_path / "calls.txt").read_text().splitlines() == ["requeue 2", "requeue 1"]
 
 
 def test_sbatch_script_is_pure_and_quotes_what_it_must() -> None:

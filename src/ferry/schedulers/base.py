@@ -10,9 +10,11 @@ An adapter is mostly data. The calls, in order:
    from its own checkpoints); ``restart_count()`` is recorded in ``job.json``;
    ``exit_code(default)`` is the "checkpointed, resume me" status to use.
 3. The worker's ``Config.from_env``: ``worker_defaults()``, settings under FERRY_* vars.
-4. The supervisor, after the worker exited with the checkpoint code on a stop:
+4. The supervisor, after the worker exited with the checkpoint code on a stop (so after
+   the checkpoint is committed) and after it recorded the job's end (status, events):
    ``after_checkpoint(step, code, state_dir)`` hands the job back to the scheduler
-   (SLURM: ``scontrol requeue``) and returns the supervisor's exit status.
+   (SLURM: ``scontrol requeue``) and returns the supervisor's exit status, ``code``. It is
+   the supervisor's last act, because the scheduler may kill it as soon as it has asked.
 5. The worker, after each committed checkpoint: ``grace_warning(seconds)`` says when the
    scheduler's grace period is too short for a save of that length (Kubernetes).
 

@@ -1,14 +1,20 @@
 """SLURM: ``--signal=B:USR1@T`` means "checkpoint now"; the job requeues itself.
 
 The batch script ``exec``s ``ferry run`` so that the supervisor *is* the batch shell that
-``B:`` signals reach. On the signal the worker checkpoints and exits with the checkpoint
-code; the supervisor then calls ``after_checkpoint``, which runs ``scontrol requeue`` for
-the job (array-aware: ``<array job id>_<task id>``) exactly once per preemption:
+``B:`` signals reach. On the signal the worker commits a checkpoint and exits with the
+checkpoint code; the supervisor records the job's end, then calls ``after_checkpoint``
+last of all, because SLURM kills the batch step soon after ``scontrol requeue``. It runs
+``scontrol requeue`` for the job (array-aware: ``<array job id>_<task id>``) exactly once
+per preemption:
 
-* a claim file ``slurm-requeue-<restart>.json`` in the job directory, created with
-  O_EXCL, makes a second layer (a second signal, another rank, a retry) a no-op;
+* a claim file ``slurm-requeue-<slurm job>-<restart>.json`` in the job directory, written
+  under a lock before ``scontrol`` runs, makes a second layer (a second signal, another
+  supervisor, a retry) a no-op. A claim counts only when it is this SLURM job's (cluster,
+  job and array task, restart count) and was written after this process started: a ferry
+  job id reused by a later SLURM job, even one whose id SLURM handed out again (a cluster
+  whose state was reset starts again at job 1), finds no claim of its own and requeues;
 * a retry budget: no requeue once ``SLURM_RESTART_COUNT`` reached ``max_requeues``;
-* no loop: no requeue when the step did not move since the previous requeue.
+* no loop: no requeue when the step did not move since this SLURM job's previous requeue.
 
 On the restart SLURM keeps the job id and sets ``SLURM_RESTART_COUNT``: the job id names
 the ferry job (``slurm-<id>``), hence its checkpoint folder, and the job resumes.
@@ -16,14 +22,18 @@ the ferry job (``slurm-<id>``), hence its checkpoint folder, and the job resumes
 
 from __future__ import annotations
 
+import contextlib
+import enum
+import fcntl
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +41,85 @@ from ferry.knobs import SLURM_MAX_REQUEUES as DEFAULT_MAX_REQUEUES
 from ferry.schedulers.base import AdapterDefaults
 
 log = logging.getLogger("ferry.run")
+
+CLOCK_SLACK_SECONDS = 2.0
+"""A claim written this long before the process started still counts as its own: the start
+time read from /proc is good to about a second; a claim from an earlier SLURM job predates
+it by the time that job took to end and this one to be scheduled."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmRun:
+    """One run of one SLURM job: what a requeue claim is keyed to."""
+
+    job: str
+    """``<job id>``, or ``<array job id>_<task id>`` for an array task: what ``scontrol
+    requeue`` takes."""
+    cluster: str | None
+    """``SLURM_CLUSTER_NAME``: two clusters (or one whose state was reset) reuse job ids."""
+    restart: int
+    """``SLURM_RESTART_COUNT``: 0 on the first run, one more after each requeue."""
+    started: float | None
+    """When this process started (epoch seconds), None where /proc cannot say."""
+
+    def claim(self, step: int | None) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "cluster": self.cluster,
+            "restart": self.restart,
+            "step": step,
+            "time": time.time(),
+        }
+
+    def owns(self, claim: Mapping[str, Any] | None, restart: int) -> bool:
+        """Was ``claim`` written by this SLURM job at ``restart``?"""
+        return (
+            claim is not None
+            and claim.get("job") == self.job
+            and claim.get("cluster") == self.cluster
+            and claim.get("restart") == restart
+        )
+
+
+class Decision(enum.Enum):
+    REQUEUE = "requeue"
+    BUDGET_SPENT = "budget spent"
+    NO_PROGRESS = "no progress"
+    ALREADY_REQUEUED = "already requeued"
+
+
+def requeue_decision(
+    run: SlurmRun,
+    *,
+    step: int | None,
+    max_requeues: int,
+    claim: Mapping[str, Any] | None,
+    previous: Mapping[str, Any] | None,
+) -> Decision:
+    """Pure: whether this run asks SLURM for a requeue, given the claim files under its key
+    (``claim``: this restart's, ``previous``: the restart before; None when absent)."""
+    if run.restart >= max_requeues:
+        return Decision.BUDGET_SPENT
+    if run.owns(claim, run.restart):
+        assert claim is not None
+        written = claim.get("time")
+        stale = (
+            run.started is not None
+            and isinstance(written, (int, float))
+            and written < run.started - CLOCK_SLACK_SECONDS
+        )
+        if not stale:  # else an earlier SLURM job with the same id wrote it (ids start again at 1)
+            return Decision.ALREADY_REQUEUED
+    if run.restart > 0 and run.owns(previous, run.restart - 1):
+        assert previous is not None
+        if previous.get("step") == step:
+            return Decision.NO_PROGRESS
+    return Decision.REQUEUE
+
+
+def claim_name(job: str, restart: int) -> str:
+    """The claim file of SLURM job ``job`` at ``restart``, safe as a file name."""
+    return f"slurm-requeue-{re.sub(r'[^A-Za-z0-9_.]', '-', job)}-{restart}.json"
 
 
 @dataclass(frozen=True)
@@ -59,34 +148,50 @@ class SlurmAdapter(AdapterDefaults):
         except ValueError:
             return 0
 
+    def run(self) -> SlurmRun:
+        return SlurmRun(
+            job=self.slurm_job_id,
+            cluster=self.env.get("SLURM_CLUSTER_NAME") or None,
+            restart=self.restart_count(),
+            started=process_start(os.getpid()),
+        )
+
     def after_checkpoint(self, *, step: int | None, code: int, state_dir: str) -> int:
-        job, restart = self.slurm_job_id, self.restart_count()
-        if restart >= self.max_requeues:
-            log.error(
-                "ferry run: SLURM job %s was requeued %d times (FERRY_SLURM_MAX_REQUEUES=%d): not "
-                "requeuing again; the checkpoint stays, resubmit the job to go on",
-                job,
-                restart,
-                self.max_requeues,
+        run = self.run()
+        job, restart = run.job, run.restart
+        claim = os.path.join(state_dir, claim_name(job, restart))
+        # The lock makes read, decide, claim and requeue one step for every layer of the job.
+        with _locked(os.path.join(state_dir, "slurm-requeue.lock")):
+            decision = requeue_decision(
+                run,
+                step=step,
+                max_requeues=self.max_requeues,
+                claim=_read(claim),
+                previous=_read(os.path.join(state_dir, claim_name(job, restart - 1))) if restart else None,
             )
-            return code
-        previous = _read(os.path.join(state_dir, f"slurm-requeue-{restart - 1}.json"))
-        if previous is not None and previous.get("step") == step:
-            log.error(
-                "ferry run: SLURM job %s made no progress since its last requeue (still step %s): "
-                "not requeuing, to avoid a requeue loop; look at the job's output for why",
-                job,
-                step,
-            )
-            return code
-        claim = os.path.join(state_dir, f"slurm-requeue-{restart}.json")
-        try:
-            fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            log.info("ferry run: SLURM job %s was already requeued for this preemption", job)
-            return code
-        with os.fdopen(fd, "w") as f:
-            json.dump({"job": job, "restart": restart, "step": step, "time": time.time()}, f)
+            if decision is Decision.BUDGET_SPENT:
+                log.error(
+                    "ferry run: SLURM job %s was requeued %d times (FERRY_SLURM_MAX_REQUEUES=%d): not "
+                    "requeuing again; the checkpoint stays, resubmit the job to go on",
+                    job,
+                    restart,
+                    self.max_requeues,
+                )
+            elif decision is Decision.NO_PROGRESS:
+                log.error(
+                    "ferry run: SLURM job %s made no progress since its last requeue (still step %s): "
+                    "not requeuing, to avoid a requeue loop; look at the job's output for why",
+                    job,
+                    step,
+                )
+            elif decision is Decision.ALREADY_REQUEUED:
+                log.info("ferry run: SLURM job %s was already requeued for this preemption", job)
+            else:
+                self._requeue(run, step, claim)
+        return code
+
+    def _requeue(self, run: SlurmRun, step: int | None, claim: str) -> None:
+        job = run.job
         if shutil.which(self.scontrol, path=self.env.get("PATH")) is None:
             log.error(
                 "ferry run: cannot requeue SLURM job %s: %r is not on PATH; the checkpoint at step "
@@ -96,8 +201,11 @@ class SlurmAdapter(AdapterDefaults):
                 self.scontrol,
                 step,
             )
-            os.unlink(claim)
-            return code
+            return
+        # The claim is durable before SLURM hears of the requeue: once scontrol returns, SLURM
+        # may kill this process at any moment.
+        _write_durably(claim, run.claim(step))
+        log.info("ferry run: checkpointed at step %s; requeuing SLURM job %s", step, job)
         done = subprocess.run(
             [self.scontrol, "requeue", job], capture_output=True, text=True, env=dict(self.env), check=False
         )
@@ -111,11 +219,45 @@ class SlurmAdapter(AdapterDefaults):
                 done.stderr.strip(),
                 step,
             )
-            return code
-        log.info(
-            "ferry run: checkpointed at step %s; requeued SLURM job %s (restart %d)", step, job, restart + 1
-        )
-        return code
+            return
+        log.info("ferry run: requeued SLURM job %s (restart %d)", job, run.restart + 1)
+
+
+def process_start(pid: int) -> float | None:
+    """When process ``pid`` started, in epoch seconds, from /proc; None where it cannot say."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = int(f.read().rpartition(")")[2].split()[19])  # field 22, starttime
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _write_durably(path: str, doc: Mapping[str, Any]) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dirfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(dirfd)
+    finally:
+        os.close(dirfd)
 
 
 def _read(path: str) -> dict[str, Any] | None:

@@ -62,8 +62,8 @@ class Decision:
     """What the supervisor logs and records: why it ends (for a backoff: why it ends when a
     stop signal interrupts the wait), or the restart it does."""
     hand_back: bool = False
-    """Checkpointed on a stop signal: the scheduler may take the job back (SLURM requeues it)
-    and pick the exit status (``after_checkpoint``)."""
+    """Checkpointed on a stop signal: once the end is recorded, the scheduler may take the job
+    back (SLURM requeues it) and pick the exit status (``after_checkpoint``)."""
     delay: float = 0.0
     """The backoff before the restart, in seconds."""
     env: Mapping[str, str | None] = field(default_factory=dict)

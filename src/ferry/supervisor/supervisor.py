@@ -220,13 +220,16 @@ class Supervisor:
             if self._sleep(decision.delay):
                 return None
             return self._end("checkpointed", decision.code, decision.message)
-        code = decision.code
-        if decision.hand_back:  # the scheduler may take the job back (SLURM requeues it)
-            step = self.job.status().get("step")
-            code = self.scheduler.after_checkpoint(
-                step=step if isinstance(step, int) else None, code=code, state_dir=self.job.path
-            )
-        return self._end(decision.action, code, decision.message)
+        if not decision.hand_back:
+            return self._end(decision.action, decision.code, decision.message)
+        # The scheduler may take the job back (SLURM requeues it) and pick the exit status. That
+        # comes last: SLURM kills the batch step soon after the requeue, so the job's end (and
+        # the checkpoint the worker committed before exiting) is recorded first.
+        step = self.job.status().get("step")
+        self._end(decision.action, decision.code, decision.message)
+        return self.scheduler.after_checkpoint(
+            step=step if isinstance(step, int) else None, code=decision.code, state_dir=self.job.path
+        )
 
     def _restart_in_place(self, decision: Decision) -> None:
         assert self.job is not None
