@@ -72,7 +72,7 @@ def _install() -> None:
 
 def _session() -> Any:
     from ferry import session as session_module
-    from ferry.autotrack.discovery import discover
+    from ferry.autotrack.discovery import discover, uncaptured_rngs
 
     current = session_module.current(create=False)
     if current is None:
@@ -82,6 +82,7 @@ def _session() -> Any:
             sys.stderr.write(f"ferry: error: {exc}\n")
             raise SystemExit(1) from None
         current.discover = discover
+        current.uncaptured = uncaptured_rngs
         session_module.adopt(current)
     return current
 

@@ -103,6 +103,9 @@ class Session(Hooks):
         self.signals = signals
         self.discover: Callable[[], dict[str, Any]] | None = None
         """Zero-code mode: finds the state to save at the restore point and each checkpoint."""
+        self.uncaptured: Callable[[], list[str]] | None = None
+        """Zero-code mode: names what it sees but cannot capture (the script's own random
+        generators), warned about once, at the first safe point."""
         self.last_batch_from: LoaderTracker | None = None
         self._driver_pinned = False
         self._warned_rngs = False
@@ -239,8 +242,8 @@ class Session(Hooks):
     def _safe_point(self) -> None:
         if policy.idle(stopping=self._stopping, restore_pending=self._restore_pending):
             return
-        if self.discover is not None and not self._warned_rngs:
-            self._warn_uncaptured()
+        if self.uncaptured is not None and not self._warned_rngs:
+            self._warn_uncaptured(self.uncaptured)
         now = time.monotonic()
         if now >= self._next_poll:
             self._requests.extend(self.inbox.poll())
@@ -272,11 +275,9 @@ class Session(Hooks):
             requests=tuple(r.action for r in self._requests),
         )
 
-    def _warn_uncaptured(self) -> None:
+    def _warn_uncaptured(self, uncaptured: Callable[[], list[str]]) -> None:
         self._warned_rngs = True
-        from ferry.autotrack.discovery import uncaptured_rngs
-
-        for what in uncaptured_rngs():
+        for what in uncaptured():
             log.warning(
                 "ferry: warning: the script's global %s is not captured in zero-code mode "
                 "and a resumed run may differ; ferry.track() it",
