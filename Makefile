@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 PIP    := $(BIN)/python -m pip install -q $(FIND_LINKS)
 
-.PHONY: demo test lint typecheck unit integration system-deps bench clean
+.PHONY: demo test check lint typecheck system-deps bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,12 +26,19 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: $(STAMP) system-deps lint typecheck
-	$(BIN)/python -m pytest -q
+# The whole suite on two pytest-xdist workers, with ruff, the import contracts and
+# mypy --strict running beside it (scripts/test.sh); ends with the 20 slowest tests.
+test: $(STAMP) system-deps
+	@bash scripts/test.sh full
+
+# The edit loop: unit tests and the core integration tests (those not marked slow).
+check: $(STAMP)
+	@bash scripts/test.sh check
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine.py
