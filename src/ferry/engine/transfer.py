@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 from ferry.engine.catalog import apply_retention, list_checkpoints
 from ferry.engine.manifest import decode_manifest
 from ferry.errors import ConfigError, StorageError
+from ferry.knobs import backoff_delay
 from ferry.storage import FileRecord, Storage, Transaction, open_storage, strategy_for
 from ferry.storage.atomic import MANIFEST
 
@@ -90,7 +91,7 @@ def retry(what: str, fn: Callable[[], T], policy: TransferPolicy, failed: list[s
         except Exception as exc:
             if attempt == attempts:
                 raise TransferError(f"{what} failed {attempts} times, the last with: {exc}") from exc
-            delay = min(policy.backoff_seconds * 2 ** (attempt - 1), policy.backoff_cap_seconds)
+            delay = backoff_delay(policy.backoff_seconds, attempt, policy.backoff_cap_seconds)
             log.warning(
                 "ferry: transfer: %s failed (%s); retry %d of %d in %.1f s",
                 what,

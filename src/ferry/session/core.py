@@ -8,7 +8,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import socket
 import sys
 import threading
 import time
@@ -23,6 +22,7 @@ from ferry.engine.format import is_stateful
 from ferry.engine.transfer import Transfer, TransferPolicy
 from ferry.errors import FerryError, UnsupportedStateError
 from ferry.runtime.control import ControlInbox, Request
+from ferry.runtime.identity import default_job_id
 from ferry.runtime.jobdir import JobDir
 from ferry.runtime.signals import SignalRequests
 from ferry.schedulers import detect as detect_scheduler
@@ -80,9 +80,7 @@ class Session(Hooks):
         self._next_poll = 0.0
         self._next_status = time.monotonic() + STATUS_SECONDS
         self._requests: list[Request] = []
-        self.job_id = (
-            self.config.job_id or os.environ.get("FERRY_JOB_ID") or f"{socket.gethostname()}-{os.getpid()}"
-        )
+        self.job_id = self.config.job_id or os.environ.get("FERRY_JOB_ID") or default_job_id()
         self.checkpointer = checkpointer.for_process(self.config, self._committed, self._failed)
         self.job = JobDir.create(self.job_id, self.config.job_dir)
         if not self.checkpointer.leads:

@@ -11,6 +11,7 @@ from ferry.config import Config
 from ferry.engine import CheckpointInfo
 from ferry.engine.transfer import Transfer
 from ferry.runtime.control import ControlInbox, Request
+from ferry.runtime.grace import slow_save_warning
 from ferry.runtime.jobdir import JobDir
 from ferry.schedulers import SchedulerAdapter
 
@@ -90,14 +91,9 @@ class Reporter:
             self.job.update_status("running", step=self.progress.global_step)
 
     def _warn_grace(self, seconds: float) -> None:
-        grace = self.config.grace_seconds
-        if grace and seconds > 0.8 * grace:
-            log.warning(
-                "ferry: warning: a checkpoint took %.1f s, over 80%% of the %.0f s grace period; "
-                "a stop may be killed before it commits: raise the grace period or save less state",
-                seconds,
-                grace,
-            )
+        warning = slow_save_warning(seconds, self.config.grace_seconds)
+        if warning is not None:
+            log.warning("%s", warning)
         advice = self.scheduler.grace_warning(seconds)
         if advice is not None and not self._warned_grace:
             self._warned_grace = True
