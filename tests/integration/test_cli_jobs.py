@@ -122,7 +122,7 @@ def test_a_request_from_another_user_is_refused(open_home: Path, tmp_path: Path,
     release = tmp_path / "planted"
     command = train_command(out, "--sleep", "0.05", "--hold-at", "5", "--release", str(release))
     proc = start(home, "u", tmp_path / "ck", command)
-    wait_for("training to reach step 3", training(path), proc)
+    wait_for("training to start", training(path, min_step=0), proc)
 
     # The job directory is 0700: the other user's ferry cannot even see the job.
     assert (path.stat().st_mode & 0o777) == 0o700 and ((path / "control").stat().st_mode & 0o777) == 0o700

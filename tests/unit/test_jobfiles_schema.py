@@ -157,6 +157,16 @@ def test_a_document_that_is_not_an_object_is_empty(
     assert len(drops) == 1
 
 
+def test_a_job_not_started_yet_reads_as_empty_without_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A controller polls status.json before the worker wrote it: nothing is wrong yet."""
+    caplog.set_level(logging.WARNING)
+    job = JobDir(str(tmp_path / "job"))
+    assert job.status() == {} and job.identity() == {}
+    assert caplog.records == []
+
+
 # ---------------------------------------------------------------------------- events
 
 EVENTS: list[dict[str, Any]] = [

@@ -200,17 +200,18 @@ class JobDir:
         return parse_status(self._read("status.json"), report_dropped, self.file("status.json"))
 
     def _read(self, name: str) -> object:
-        """A job file's JSON, or None when it is missing or cannot be read (said once in the
-        log). PermissionError comes through: the job belongs to another user."""
+        """A job file's JSON; an empty object when it is missing (not written yet: no warning)
+        or cannot be read (said once in the log). PermissionError comes through: the job
+        belongs to another user."""
         try:
             return read_json(self.file(name))
         except FileNotFoundError:
-            return None
+            return {}
         except PermissionError:
             raise
         except (OSError, ValueError) as exc:
             report_dropped(f"{self.file(name)} is unreadable ({exc}); ignored")
-            return None
+            return {}
 
     def events(self) -> list[Event]:
         """The well-formed lines of ``events.jsonl``, oldest first; the others are skipped."""
