@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -76,10 +78,19 @@ def wait_for(
     deadline = time.monotonic() + timeout
     while not predicate():
         if proc.poll() is not None:
-            raise AssertionError(
-                f"ferry run exited ({proc.returncode}) before {what}:\n{proc.communicate()[1]}"
-            )
+            raise AssertionError(f"ferry run exited ({proc.returncode}) before {what}:\n{stderr_of(proc)}")
         if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"timed out waiting for {what}:\n{proc.communicate()[1]}")
+            raise AssertionError(f"timed out waiting for {what}:\n{stderr_of(proc)}")
         time.sleep(0.05)
+
+
+def stderr_of(proc: subprocess.Popen[str]) -> str:
+    """What a failed ``ferry run`` said, after ending it and everything it started: a worker
+    left behind holds the output pipes open, and reading them would never end."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # its group, when it was started in a session of its own
+    proc.kill()
+    try:
+        return proc.communicate(timeout=30)[1] or ""
+    except subprocess.TimeoutExpired:
+        return "(its output pipes are held open by a process that outlived it)"
