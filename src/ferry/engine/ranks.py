@@ -19,13 +19,14 @@ import os
 import time
 from typing import Any
 
+import torch
 import xxhash
 
 from ferry.engine import sharded
 from ferry.engine.catalog import apply_retention, split_url
 from ferry.engine.format import flatten, manifest_bytes, unflatten
 from ferry.engine.persist import CheckpointInfo, build_manifest, next_name, write_hashed
-from ferry.engine.reader import Loaded, check_part, decode_array, read_file
+from ferry.engine.reader import Loaded, check_part, read_arrays, read_file
 from ferry.engine.snapshot import HostBuffer, byte_view, snapshot
 from ferry.errors import CorruptCheckpointError, FerryError, StorageError
 from ferry.runtime.distributed import RankGroup
@@ -158,6 +159,5 @@ def rank_part(loaded: Loaded, rank: int) -> Any:
     if not isinstance(doc, dict) or data_file not in files:
         raise CorruptCheckpointError(f"{loaded.url}/{key} is not a rank part of this checkpoint")
     check_part(doc, {data_file: files[data_file]}, f"{loaded.url}/{key}")
-    data = read_file(storage, name, data_file, files[data_file])
-    arrays = [decode_array(data[e["offset"] : e["offset"] + e["nbytes"]], e) for e in doc["tensors"]]
+    arrays = read_arrays(storage, name, {data_file: files[data_file]}, doc["tensors"], torch.device("cpu"))
     return unflatten(doc["tree"], arrays)
