@@ -74,6 +74,10 @@ def test_big_small_empty_and_numpy_arrays_mixed_beyond_one_read_buffer(tmp_path:
             state[f"big{i}"] = torch.randn(300_000, generator=g)
             state[f"empty{i}"] = torch.empty(0, 3)
             state[f"int{i}"] = torch.arange(7, dtype=torch.int16)
+            state[f"bool{i}"] = torch.arange(5) % 2 == 0
+            state[f"cplx{i}"] = torch.randn(3, 5, 2, dtype=torch.complex128, generator=g)
+            state[f"half{i}"] = torch.randn(2, 9, generator=g).to(torch.bfloat16)
+            state[f"scalar{i}"] = torch.tensor(3.5, dtype=torch.float64)
             state[f"np{i}"] = np.arange(50, dtype=np.float64)
     save(state, str(tmp_path / "ck"), step=1)
     loaded = load(str(tmp_path / "ck")).state

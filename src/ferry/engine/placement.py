@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ferry.engine.format import ALIGN, torch_dtype
 from ferry.engine.snapshot import byte_view, tensor_bytes
 
 CHUNK = 16 << 20
@@ -36,56 +37,84 @@ Owner = tuple[torch.Tensor, int]
 class Bounce:
     """Two reused host buffers that batches of small tensors are read into, alternately:
     a piece is still being hashed while the next one is read, so two pieces in a row
-    never share a buffer. Allocated on first use, at most ``CHUNK`` bytes each."""
+    never share a buffer. Allocated on first use, ``size`` bytes (and an alignment's
+    worth) each."""
 
     def __init__(self, size: int = CHUNK) -> None:
         self.size = size
         self._bufs: list[torch.Tensor] = []
         self._turn = 0
 
-    def take(self, nbytes: int) -> torch.Tensor:
-        assert 0 < nbytes <= self.size
+    def take(self) -> torch.Tensor:
         if len(self._bufs) < 2:
-            self._bufs.append(torch.empty(self.size, dtype=torch.uint8))
+            self._bufs.append(torch.empty(self.size + ALIGN, dtype=torch.uint8))
         buf = self._bufs[self._turn % len(self._bufs)]
         self._turn += 1
-        return buf[:nbytes]
+        return buf
+
+
+Member = tuple[int, torch.dtype, list[int], list[int], int, bool]
+"""A small tensor of a batch: its index, dtype, shape, strides, element offset in the
+bounce buffer seen as that dtype, and whether it is copied out as raw bytes (a numpy
+array's, decoded later)."""
+
+
+def _strides(shape: list[int]) -> list[int]:
+    out, step = [], 1
+    for dim in reversed(shape):
+        out.append(step)
+        step *= dim
+    return out[::-1]
 
 
 @dataclass
 class FilePlan:
-    """The pieces one data file is read into, in file order, and the tensors they make.
+    """The pieces one data file is read into, in file order, and the tensors they make:
+    ``values`` (decoded, in memory of their own) and ``owners`` (raw bytes, to decode).
 
-    ``owners`` is complete once every piece has been read and ``filled`` called on it."""
+    Both are complete once every piece has been read and ``filled`` called on it."""
 
     pieces: list[memoryview] = field(default_factory=list)
     owners: dict[int, Owner] = field(default_factory=dict)
-    copy_outs: dict[int, tuple[torch.Tensor, list[tuple[int, int, int]]]] = field(default_factory=dict)
-    """Piece index -> (its bounce slice, [(tensor index, offset in the slice, nbytes)])."""
+    values: dict[int, torch.Tensor] = field(default_factory=dict)
+    copy_outs: dict[int, tuple[torch.Tensor, list[Member]]] = field(default_factory=dict)
+    """Piece index -> (the bounce buffer it lies in, the small tensors in it)."""
 
     def filled(self, piece: int) -> None:
-        """Piece ``piece`` has been read: copy its small tensors out, before the bounce
-        buffer it lies in is read into again."""
+        """Piece ``piece`` has been read: copy its small tensors out, each into memory of
+        its own, before its bounce buffer is read into again. One typed view of the
+        buffer per dtype, one ``as_strided(...).clone()`` per tensor: cheaper than the
+        slice, view and reshape that decoding a tensor of a shared buffer costs."""
         batch = self.copy_outs.pop(piece, None)
         if batch is None:
             return
-        src, members = batch
-        for i, at, n in members:
-            self.owners[i] = (src[at : at + n].clone(), 0)
+        buf, members = batch
+        typed: dict[torch.dtype, torch.Tensor] = {}
+        for i, dtype, shape, strides, at, raw in members:
+            view = typed.get(dtype)
+            if view is None:
+                view = typed[dtype] = buf.view(dtype)
+            own = view.as_strided(shape, strides, at).clone()
+            if raw:
+                self.owners[i] = (own, 0)
+            else:
+                self.values[i] = own
 
 
-def _units(entries: list[dict[str, Any]], order: list[int]) -> list[list[int]]:
-    """The tensors of ``order`` (sorted by offset, none empty) grouped by shared bytes.
-    Ferry writes every tensor apart, so each group is then one tensor."""
-    units: list[list[int]] = []
-    end = 0
-    for i in order:
-        e = entries[i]
-        if units and e["offset"] < end:
-            units[-1].append(i)
+Unit = tuple[int, int, list[int]]
+"""Tensors that share bytes of a file: the span they cover (start, end) and their indices.
+Ferry writes every tensor apart, so a unit is then one tensor."""
+
+
+def _units(spans: list[tuple[int, int, int]]) -> list[Unit]:
+    """``spans`` (start, end, index), sorted, grouped into units, in file order."""
+    units: list[Unit] = []
+    for start, end, i in spans:
+        if units and start < units[-1][1]:
+            first, last, members = units[-1]
+            units[-1] = (first, max(last, end), [*members, i])
         else:
-            units.append([i])
-        end = max(end, e["offset"] + e["nbytes"])
+            units.append((start, end, [i]))
     return units
 
 
@@ -95,13 +124,15 @@ def plan_file(
     """Where each byte of ``file`` (``size`` bytes) goes; ``targets`` maps tensor indices to
     the live tensors their bytes are read straight into (never tensors that share bytes)."""
     plan = FilePlan()
-    order = sorted(
-        (i for i, e in enumerate(entries) if e["file"] == file and e["nbytes"]),
-        key=lambda i: entries[i]["offset"],
-    )
+    spans: list[tuple[int, int, int]] = []
     for i, e in enumerate(entries):
-        if e["file"] == file and not e["nbytes"]:
+        if e["file"] != file:
+            continue
+        if e["nbytes"]:
+            spans.append((e["offset"], e["offset"] + e["nbytes"], i))
+        else:
             plan.owners[i] = (torch.empty(0, dtype=torch.uint8), 0)
+    spans.sort()
     pos = 0
     batch: list[int] = []
     batch_start = 0
@@ -121,16 +152,26 @@ def plan_file(
         if not batch:
             return
         end = entries[batch[-1]]["offset"] + entries[batch[-1]]["nbytes"]
-        src = bounce.take(end - batch_start)
-        members = [(i, entries[i]["offset"] - batch_start, entries[i]["nbytes"]) for i in batch]
-        plan.copy_outs[len(plan.pieces)] = (src, members)
-        plan.pieces.append(byte_view(src))
+        # The batch lies in the buffer at the file's alignment: every tensor's byte offset
+        # there is then a multiple of its item size (which divides ALIGN), as in the file.
+        lead = batch_start % ALIGN
+        buf = bounce.take()
+        members: list[Member] = []
+        for i in batch:
+            e = entries[i]
+            if e["kind"] == "torch":
+                dtype = torch_dtype(e["dtype"])
+                at = (lead + e["offset"] - batch_start) // dtype.itemsize
+                members.append((i, dtype, e["shape"], _strides(e["shape"]), at, False))
+            else:  # numpy: raw bytes of its own, decoded as the big ones are
+                at = lead + e["offset"] - batch_start
+                members.append((i, torch.uint8, [e["nbytes"]], [1], at, True))
+        plan.copy_outs[len(plan.pieces)] = (buf, members)
+        plan.pieces.append(byte_view(buf[lead : lead + end - batch_start]))
         pos = end
         batch.clear()
 
-    for unit in _units(entries, order):
-        start = entries[unit[0]]["offset"]
-        end = max(entries[i]["offset"] + entries[i]["nbytes"] for i in unit)
+    for start, end, unit in _units(spans):
         if len(unit) == 1 and unit[0] not in targets and end - start < DIRECT_MIN:
             if batch and end - batch_start > bounce.size:
                 flush()

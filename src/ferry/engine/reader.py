@@ -288,18 +288,23 @@ def read_arrays(
     targets = targets or {}
     bounce = Bounce()
     owners: dict[int, Owner] = {}
+    values: dict[int, torch.Tensor] = {}
     for file, meta in files.items():
         plan = plan_file(entries, file, int(meta["size"]), targets, bounce)
         live = any(entries[i]["file"] == file for i in targets)
         _stream(storage, name, file, meta, plan.pieces, live=live, filled=plan.filled)
         owners.update(plan.owners)
+        values.update(plan.values)
     arrays: list[Any] = []
     for i, e in enumerate(entries):
         if i in targets:
             arrays.append(targets[i])
             continue
-        buf, at = owners[i]
-        value = decode_array(buf[at : at + e["nbytes"]], e)
+        if i in values:
+            value = values[i]
+        else:
+            buf, at = owners[i]
+            value = decode_array(buf[at : at + e["nbytes"]], e)
         arrays.append(value if e["kind"] == "numpy" or device.type == "cpu" else value.to(device))
     return arrays
 
