@@ -11,7 +11,15 @@ alike; the figures are medians over the rounds. Ratios, with the goals they are 
   both from a cold page cache (dropped when run as root)                     (>= 0.8)
 - checkpoint size on disk / raw bytes                                      (<= 1.01)
 
-Run: ``python benchmarks/engine.py [--size-mb 1024] [--rounds 5] [--dir D] [--json]``.
+Reported beside them, without a goal (figures to compare between versions of ferry):
+
+- load into fresh tensors (no live objects) / raw ``readinto``, cold cache
+- per-tensor load cost of ``--small-count`` small tensors (100-400 float32 elements,
+  the sizes of biases, norms and their optimizer moments), against ``torch.load`` of
+  the same tensors
+
+Run: ``python benchmarks/engine.py [--size-mb 1024] [--rounds 5] [--small-count 2000]
+[--dir D] [--json]``.
 The figure summary is printed last.
 """
 
@@ -43,6 +51,14 @@ GOALS: dict[str, tuple[str, float]] = {
     "load_vs_raw_read": (">=", 0.8),
     "file_size_vs_raw": ("<=", 1.01),
 }
+SMALL_KEYS = ("small_load", "small_torch_load")
+"""Contenders timed on the small tensors: per-tensor figures, not throughput."""
+
+
+def small_state(count: int) -> dict[str, torch.Tensor]:
+    """``count`` float32 tensors of 100 to 400 elements."""
+    g = torch.Generator().manual_seed(1)
+    return {f"t{i}": torch.randn(100 + (i * 37) % 301, generator=g) for i in range(count)}
 
 
 def build_state(size_bytes: int, layers: int = 8) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -97,7 +113,7 @@ def file_bytes(folder: str) -> int:
     return sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
 
 
-def run(size_mb: int, rounds: int, root: str) -> dict[str, Any]:
+def run(size_mb: int, rounds: int, root: str, small_count: int = 2000) -> dict[str, Any]:
     model, opt = build_state(size_mb << 20)
     state = {"model": model, "opt": opt, "step": 0}
     tensors = state_tensors(model, opt)
@@ -108,6 +124,11 @@ def run(size_mb: int, rounds: int, root: str) -> dict[str, Any]:
     sync_root = os.path.join(root, "sync")
     async_root = os.path.join(root, "async")
     saver = AsyncSaver(async_root, keep_last=1)
+    small = small_state(small_count)
+    small_root = os.path.join(root, "small")
+    small_path = os.path.join(root, "small.pt")
+    save(small, small_root, step=0)
+    torch.save(small, small_path)
 
     def raw_write() -> None:
         with open(raw_path, "wb") as f:
@@ -131,7 +152,9 @@ def run(size_mb: int, rounds: int, root: str) -> dict[str, Any]:
                 assert n, "raw file ended early"
                 pos += n
 
-    samples: dict[str, list[float]] = {k: [] for k in (*WRITES, "async_total", "raw_read", "load_apply")}
+    samples: dict[str, list[float]] = {
+        k: [] for k in (*WRITES, "async_total", "raw_read", "load_apply", "load_fresh", *SMALL_KEYS)
+    }
 
     def async_save(r: int) -> None:
         t0 = time.perf_counter()
@@ -149,6 +172,9 @@ def run(size_mb: int, rounds: int, root: str) -> dict[str, Any]:
     reads: dict[str, Callable[[], Any]] = {
         "raw_read": raw_read,
         "load_apply": lambda: load(sync_root, into=state),
+        "load_fresh": lambda: load(sync_root),
+        "small_load": lambda: load(small_root),
+        "small_torch_load": lambda: torch.load(small_path, weights_only=True),
     }
     cold = True
     # Round 0 is a warm-up, not counted: it creates the files each contender then replaces
@@ -184,6 +210,8 @@ def run(size_mb: int, rounds: int, root: str) -> dict[str, Any]:
         "async_blocking_vs_torch_save": med["async_blocking"] / med["torch_save"],
         "load_vs_raw_read": med["raw_read"] / med["load_apply"],
         "file_size_vs_raw": ckpt_bytes / raw_nbytes,
+        "fresh_load_vs_raw_read": med["raw_read"] / med["load_fresh"],
+        "small_load_vs_torch_load": med["small_torch_load"] / med["small_load"],
     }
     return {
         "raw_bytes": raw_nbytes,
@@ -195,9 +223,13 @@ def run(size_mb: int, rounds: int, root: str) -> dict[str, Any]:
         "load_average": os.getloadavg(),
         "median_s": med,
         "samples_s": samples,
-        "throughput_gbps": {k: gb / v for k, v in med.items() if k != "async_blocking"},
+        "small_count": small_count,
+        "per_tensor_us": {k: med[k] / small_count * 1e6 for k in SMALL_KEYS},
+        "throughput_gbps": {
+            k: gb / v for k, v in med.items() if k != "async_blocking" and k not in SMALL_KEYS
+        },
         "ratios": ratios,
-        "goals_met": {k: _meets(k, v) for k, v in ratios.items()},
+        "goals_met": {k: _meets(k, v) for k, v in ratios.items() if k in GOALS},
     }
 
 
@@ -211,12 +243,18 @@ def report(res: dict[str, Any]) -> str:
     lines = [f"state: {res['raw_bytes'] / 2**20:.0f} MiB of tensors; checkpoint "
              f"{res['checkpoint_bytes'] / 2**20:.1f} MiB; torch.save file "
              f"{res['torch_save_bytes'] / 2**20:.1f} MiB; {res['rounds']} rounds, medians"]  # fmt: skip
-    for key in ("raw_write", "torch_save", "sync_save", "async_total", "raw_read", "load_apply"):
-        lines.append(f"  {key:<15} {med[key]:8.3f} s  {gbps[key]:6.2f} GB/s")
+    timed_keys = ("raw_write", "torch_save", "sync_save", "async_total", "raw_read", "load_apply")
+    for key in (*timed_keys, "load_fresh"):
+        lines.append(f"  {key:<16} {med[key]:8.3f} s  {gbps[key]:6.2f} GB/s")
+    for key in SMALL_KEYS:
+        lines.append(
+            f"  {key:<16} {med[key]:8.3f} s  {res['per_tensor_us'][key]:6.1f} us per tensor "
+            f"({res['small_count']} tensors)"
+        )
     first = res["first_async_save_blocking_s"]
     blocked = med["async_blocking"]
     lines.append(
-        f"  {'async_blocking':<15} {blocked:8.3f} s  (first save, allocating its buffer: {first:.3f} s)"
+        f"  {'async_blocking':<16} {blocked:8.3f} s  (first save, allocating its buffer: {first:.3f} s)"
     )
     lines.append(f"  machine load average at the end: {', '.join(f'{x:.2f}' for x in res['load_average'])}")
     if not res["cold_cache"]:
@@ -224,6 +262,9 @@ def report(res: dict[str, Any]) -> str:
     lines.append("")
     lines.append("figure                              ratio    goal     met")
     for name, value in res["ratios"].items():
+        if name not in GOALS:
+            lines.append(f"{name:<34} {value:7.3f}  (no goal)")
+            continue
         op, goal = GOALS[name]
         lines.append(f"{name:<34} {value:7.3f}  {op} {goal:<5} "
                      f"{'yes' if res['goals_met'][name] else 'NO'}")  # fmt: skip
@@ -234,14 +275,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size-mb", type=int, default=1024, help="state size in MiB (default 1024)")
     p.add_argument("--rounds", type=int, default=5, help="measured rounds, >= 1 (default 5)")
+    p.add_argument("--small-count", type=int, default=2000, help="small tensors timed (default 2000)")
     p.add_argument("--dir", default=None, help="where to write (default: a new temp folder)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     args = p.parse_args(argv)
-    if args.rounds < 1 or args.size_mb < 1:
-        p.error("--rounds and --size-mb must be >= 1")
+    if args.rounds < 1 or args.size_mb < 1 or args.small_count < 1:
+        p.error("--rounds, --size-mb and --small-count must be >= 1")
     root = tempfile.mkdtemp(prefix="ferry-bench-", dir=args.dir)
     try:
-        res = run(args.size_mb, args.rounds, root)
+        res = run(args.size_mb, args.rounds, root, args.small_count)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if args.json:

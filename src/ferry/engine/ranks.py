@@ -19,12 +19,14 @@ import json
 import time
 from typing import Any, Protocol
 
+import torch
+
 from ferry.engine import sharded
 from ferry.engine.catalog import apply_retention, split_url
 from ferry.engine.format import Flattened, flatten, manifest_bytes, unflatten
 from ferry.engine.manifest import parse_part
 from ferry.engine.persist import CheckpointInfo, build_manifest, next_name
-from ferry.engine.reader import Loaded, decode_array, read_file
+from ferry.engine.reader import Loaded, read_arrays, read_file
 from ferry.engine.snapshot import HostBuffer, byte_view, snapshot
 from ferry.errors import CorruptCheckpointError, FerryError, StorageError
 from ferry.storage import Transaction, open_storage
@@ -177,6 +179,5 @@ def rank_part(loaded: Loaded, rank: int) -> Any:
     if not isinstance(doc, dict) or data_file not in files:
         raise CorruptCheckpointError(f"{loaded.url}/{key} is not a rank part of this checkpoint")
     part = parse_part(doc, {data_file: files[data_file]}, f"{loaded.url}/{key}")
-    data = read_file(storage, name, data_file, files[data_file])
-    arrays = [decode_array(data[e["offset"] : e["offset"] + e["nbytes"]], e) for e in part["tensors"]]
+    arrays = read_arrays(storage, name, {data_file: files[data_file]}, part["tensors"], torch.device("cpu"))
     return unflatten(part["tree"], arrays)

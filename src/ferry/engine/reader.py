@@ -10,7 +10,7 @@ fails, those live tensors hold part of the damaged data until the fallback check
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -21,15 +21,12 @@ import xxhash
 from ferry.engine.format import DTYPE_NAMES, _safe_np_dtype, is_stateful, torch_dtype
 from ferry.engine.manifest import FileEntry, Manifest, TensorRecord, decode_manifest
 from ferry.engine.manifest import decode_tree as decode_tree
+from ferry.engine.placement import CHUNK, DIRECT_MIN, Bounce, Owner, plan_file
 from ferry.engine.pools import submit
-from ferry.engine.snapshot import byte_view, tensor_bytes
+from ferry.engine.snapshot import byte_view
 from ferry.errors import CorruptCheckpointError, StorageError
 from ferry.storage import Storage
 from ferry.storage.atomic import MANIFEST
-
-CHUNK = 16 << 20
-DIRECT_MIN = 256 << 10
-"""Tensors below this are read into the load buffer and copied: not worth a read call."""
 
 _hash_pool = ThreadPoolExecutor(1, thread_name_prefix="ferry-verify")
 
@@ -39,7 +36,9 @@ class Loaded:
     """A checkpoint read back: the decoded state tree, its step, and where it came from.
 
     Tensors that were read straight into the live objects given as ``into`` are those
-    live tensors (detached); the others are views of one fresh host buffer."""
+    live tensors (detached); every other tensor owns memory of exactly its own size
+    (``engine.placement``), except tensors that share bytes in the file, which share one
+    buffer as they did when saved."""
 
     state: Any
     step: int
@@ -70,10 +69,12 @@ def _stream(
     meta: FileEntry,
     dests: Iterable[memoryview],
     live: bool = False,
+    filled: Callable[[int], None] | None = None,
 ) -> None:
     """Read one data file, in order, into ``dests`` (which cover it exactly), verifying its
-    size and checksum. Hashing a piece overlaps reading the next (both release the GIL),
-    so a destination must not be reused by the piece right after it."""
+    size and checksum; ``filled(k)`` is called once destination ``k`` holds its bytes.
+    Hashing a piece overlaps reading the next (both release the GIL), so a destination
+    must not be reused by the piece right after it."""
     where = storage.child_url(f"{name}/{file}")
     size = int(meta["size"])
     try:
@@ -87,17 +88,19 @@ def _stream(
     pending: Future[None] | None = None
     pos = 0
     try:
-        for dest in dests:
-            filled = 0
-            while filled < len(dest):
-                n = reader.readinto(dest[filled:])
+        for k, dest in enumerate(dests):
+            got = 0
+            while got < len(dest):
+                n = reader.readinto(dest[got:])
                 if n <= 0:
-                    raise CorruptCheckpointError(f"{where} ended early at byte {pos + filled}")
-                filled += n
+                    raise CorruptCheckpointError(f"{where} ended early at byte {pos + got}")
+                got += n
+            if filled is not None:
+                filled(k)
             if pending is not None:
                 pending.result()
             pending = submit(_hash_pool, hasher.update, dest)
-            pos += filled
+            pos += got
     except OSError as exc:
         raise StorageError(f"cannot read {where}: {exc}") from exc
     finally:
@@ -130,67 +133,6 @@ def verify(storage: Storage, name: str) -> Manifest:
         dests = (bounce[k % 2][: min(CHUNK, size - at)] for k, at in enumerate(range(0, size, CHUNK)))
         _stream(storage, name, file, meta, dests)
     return manifest
-
-
-Owner = tuple[torch.Tensor, int]
-"""The fresh host buffer a tensor was read into, and its offset there."""
-
-
-def _plan(
-    entries: list[TensorRecord], file: str, size: int, targets: dict[int, torch.Tensor]
-) -> tuple[list[memoryview], dict[int, Owner]]:
-    """Where each byte of ``file`` goes: a live tensor (``targets``), a fresh buffer of its
-    own for every other big tensor, one fresh buffer per run of small neighbours; padding
-    to throwaway scratch. Each tensor then owns just its bytes: nothing holds on to one
-    buffer of the checkpoint's size (``torch.save`` of a loaded optimizer would write all
-    of it), and the pages of the live tensors are never allocated twice."""
-    order = sorted(
-        (i for i, e in enumerate(entries) if e["file"] == file), key=lambda i: entries[i]["offset"]
-    )
-    dests: list[memoryview] = []
-    owners: dict[int, Owner] = {}
-    run: list[int] = []
-    pos = 0
-
-    def skip_to(upto: int) -> None:
-        nonlocal pos
-        while pos < upto:  # fresh scratch each time: the previous piece may still be hashed
-            n = min(CHUNK, upto - pos)
-            dests.append(memoryview(bytearray(n)))
-            pos += n
-
-    def take(first: int, end: int, idx: list[int]) -> None:
-        nonlocal pos
-        skip_to(first)
-        buf = torch.empty(end - first, dtype=torch.uint8)
-        for i in idx:
-            owners[i] = (buf, entries[i]["offset"] - first)
-        dests.extend(_cut(byte_view(buf)))
-        pos = end
-
-    def flush() -> None:
-        if run:
-            last = entries[run[-1]]
-            take(entries[run[0]]["offset"], last["offset"] + last["nbytes"], list(run))
-            run.clear()
-
-    for i in order:
-        e = entries[i]
-        if i in targets:
-            flush()
-            skip_to(e["offset"])
-            dests.extend(_cut(tensor_bytes(targets[i])))
-            pos = e["offset"] + e["nbytes"]
-        elif e["nbytes"] >= DIRECT_MIN:
-            flush()
-            take(e["offset"], e["offset"] + e["nbytes"], [i])
-        elif e["nbytes"] == 0:
-            owners[i] = (torch.empty(0, dtype=torch.uint8), 0)
-        else:
-            run.append(i)
-    flush()
-    skip_to(size)
-    return dests, owners
 
 
 def live_targets(tree: Any, into: Any, entries: list[TensorRecord]) -> dict[int, torch.Tensor]:
@@ -250,7 +192,8 @@ def live_targets(tree: Any, into: Any, entries: list[TensorRecord]) -> dict[int,
 
 
 def _disjoint(entries: list[TensorRecord]) -> bool:
-    """No two tensors share bytes of a file (always so when ferry wrote it)."""
+    """No two tensors share bytes of a file (always so when ferry wrote it; live tensors
+    are read into only then, each from bytes of its own)."""
     ranges = sorted((e["file"], e["offset"], e["offset"] + e["nbytes"]) for e in entries if e["nbytes"])
     return all(a[0] != b[0] or a[2] <= b[1] for a, b in itertools.pairwise(ranges))
 
@@ -260,6 +203,41 @@ def decode_array(raw: torch.Tensor, entry: TensorRecord) -> Any:
     if entry["kind"] == "numpy":
         return raw.numpy().view(_safe_np_dtype(entry["dtype"])).reshape(entry["shape"])
     return raw.view(torch_dtype(entry["dtype"])).reshape(entry["shape"])
+
+
+def read_arrays(
+    storage: Storage,
+    name: str,
+    files: Mapping[str, FileEntry],
+    entries: list[TensorRecord],
+    device: torch.device,
+    targets: dict[int, torch.Tensor] | None = None,
+) -> list[Any]:
+    """Read and verify ``files`` of checkpoint ``name``: the arrays of ``entries`` (checked
+    by ``engine.manifest``), each in memory of its own (``engine.placement``); those in
+    ``targets`` are read straight into those live tensors."""
+    targets = targets or {}
+    bounce = Bounce()
+    owners: dict[int, Owner] = {}
+    values: dict[int, torch.Tensor] = {}
+    for file, meta in files.items():
+        plan = plan_file(entries, file, int(meta["size"]), targets, bounce)
+        live = any(entries[i]["file"] == file for i in targets)
+        _stream(storage, name, file, meta, plan.pieces, live=live, filled=plan.filled)
+        owners.update(plan.owners)
+        values.update(plan.values)
+    arrays: list[Any] = []
+    for i, e in enumerate(entries):
+        if i in targets:
+            arrays.append(targets[i])
+            continue
+        if i in values:
+            value = values[i]
+        else:
+            buf, at = owners[i]
+            value = decode_array(buf[at : at + e["nbytes"]], e)
+        arrays.append(value if e["kind"] == "numpy" or device.type == "cpu" else value.to(device))
+    return arrays
 
 
 def load_one(
@@ -272,23 +250,7 @@ def load_one(
     device = torch.device(target_device)
     entries: list[TensorRecord] = manifest["tensors"]
     targets: dict[int, torch.Tensor] = {}
-    owners: dict[int, Owner] = {}
-    if _disjoint(entries):
-        if into is not None and device.type == "cpu":
-            targets = live_targets(manifest["tree"], into, entries)
-        for file, meta in manifest["files"].items():
-            dests, placed = _plan(entries, file, int(meta["size"]), targets)
-            _stream(storage, name, file, meta, dests, live=any(entries[i]["file"] == file for i in targets))
-            owners.update(placed)
-    else:  # tensors sharing bytes: never written by ferry, but readable
-        buffers = {f: read_file(storage, name, f, m) for f, m in manifest["files"].items()}
-        owners = {i: (buffers[e["file"]], e["offset"]) for i, e in enumerate(entries)}
-    arrays: list[Any] = []
-    for i, e in enumerate(entries):
-        if i in targets:
-            arrays.append(targets[i])
-            continue
-        buf, at = owners[i]
-        value = decode_array(buf[at : at + e["nbytes"]], e)
-        arrays.append(value if e["kind"] == "numpy" or device.type == "cpu" else value.to(device))
+    if into is not None and device.type == "cpu" and _disjoint(entries):
+        targets = live_targets(manifest["tree"], into, entries)
+    arrays = read_arrays(storage, name, manifest["files"], entries, device, targets)
     return Loaded(decode_tree(manifest, arrays, where), int(manifest["step"]), where, manifest)
