@@ -22,11 +22,11 @@ from ferry.engine.format import DTYPE_NAMES, _safe_np_dtype, is_stateful, torch_
 from ferry.engine.manifest import FileEntry, Manifest, TensorRecord, decode_manifest
 from ferry.engine.manifest import decode_tree as decode_tree
 from ferry.engine.placement import CHUNK, DIRECT_MIN, Bounce, Owner, plan_file
-from ferry.engine.pools import submit
 from ferry.engine.snapshot import byte_view
 from ferry.errors import CorruptCheckpointError, StorageError
 from ferry.storage import Storage
 from ferry.storage.atomic import MANIFEST
+from ferry.storage.pools import submit
 
 _hash_pool = ThreadPoolExecutor(1, thread_name_prefix="ferry-verify")
 
