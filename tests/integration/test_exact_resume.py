@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -15,8 +14,9 @@ import pytest
 from ferry.runtime.control import submit
 from ferry.runtime.jobdir import JobDir
 
+from forked import Forked
 from reference import reference_run
-from trainrun import assert_same, env_for, run
+from trainrun import SCRIPTS, assert_same, env_for, run
 
 pytestmark = pytest.mark.integration
 EXIT_CHECKPOINTED = 85
@@ -99,20 +99,9 @@ def test_external_request_through_the_control_channel(
     ref = reference_for(tmp_path_factory, [])
     job_dir = tmp_path / "job"
     env = env_for(tmp_path / "home", FERRY_DIR=str(tmp_path / "ck"), FERRY_JOB_DIR=str(job_dir))
-    cmd = run.__globals__["sys"].executable
-    proc = subprocess.Popen(
-        [
-            cmd,
-            str(Path(__file__).parent / "scripts" / SCRIPT),
-            "--out",
-            str(tmp_path / "run"),
-            "--sleep",
-            "0.05",
-        ],
+    proc = Forked(
+        [str(SCRIPTS / SCRIPT), "--out", str(tmp_path / "run"), "--sleep", "0.05"],
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
