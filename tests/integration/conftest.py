@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from reference import reference
 
+from reference import reference
 from servers import S3Server, XRootDServer, s3_server, xrootd_server
 
 __all__ = ["reference", "s3_server", "xrootd_server"]

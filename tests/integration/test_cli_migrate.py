@@ -14,13 +14,13 @@ import zlib
 from pathlib import Path
 
 import pytest
-from test_cli_jobs import FERRY, ferry, start, status, training, wait_for
 
 from ferry.engine import list_checkpoints, verify
 from ferry.ops.migrate import copy_checkpoint, prepare_resume
 from ferry.runtime.jobdir import JobDir
 from ferry.storage import open_storage
 
+from test_cli_jobs import FERRY, ferry, start, status, training, wait_for
 from trainrun import SCRIPTS, assert_same, env_for
 
 pytestmark = pytest.mark.integration

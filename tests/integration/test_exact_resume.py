@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from reference import reference_run
 
 from ferry.runtime.control import submit
 from ferry.runtime.jobdir import JobDir
 
+from reference import reference_run
 from trainrun import assert_same, env_for, run
 
 pytestmark = pytest.mark.integration

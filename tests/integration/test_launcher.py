@@ -110,7 +110,10 @@ def test_sigterm_to_the_supervisor_checkpoints_then_resumes_bitwise(tmp_path: Pa
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == EXIT_CHECKPOINTED, err
-    assert "SIGTERM: the worker checkpoints and stops" in err and "exiting with 85" in err
+    assert (
+        "SIGTERM: asked the worker to checkpoint at its next safe point and stop" in err
+        and "exiting with 85" in err
+    )
     doc = status(job)
     assert doc["state"] == "checkpointed" and doc["exit_code"] == EXIT_CHECKPOINTED, doc
     assert not JobDir(str(job)).is_locked()
