@@ -21,10 +21,11 @@ MAX_ID_BYTES = 4096
 
 
 class RootLock:
-    """A held lock on a checkpoint root; ``release`` lets it go (the file stays)."""
+    """A held lock on a checkpoint root; ``release`` lets it go. A root that holds nothing
+    else when the lock is released (a command that saved nothing) is left as it was found."""
 
-    def __init__(self, path: str, fd: int) -> None:
-        self.path = path
+    def __init__(self, root: str, fd: int, created: list[str]) -> None:
+        self.root, self.path, self.created = root, os.path.join(root, LOCK_NAME), created
         self.fd: int | None = fd
         """Pass it on to the worker (``pass_fds``): the lock is held while any holder lives."""
 
@@ -34,27 +35,57 @@ class RootLock:
         naming the holder when a live job holds it."""
         if "://" in root:
             return None
+        created = _missing(root)
         os.makedirs(root, exist_ok=True)
         path = os.path.join(root, LOCK_NAME)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _holder(fd)
-            os.close(fd)
-            raise JobError(
-                f"the checkpoint root {root} is being written by the live job {holder}: two jobs "
-                "writing one root delete each other's checkpoints; give this one another --dir, "
-                f"or stop that job first (`ferry checkpoint --stop {holder}`)"
-            ) from None
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _holder(fd)
+                os.close(fd)
+                raise JobError(
+                    f"the checkpoint root {root} is being written by the live job {holder}: two "
+                    "jobs writing one root delete each other's checkpoints; give this one another "
+                    f"--dir, or stop that job first (`ferry checkpoint --stop {holder}`)"
+                ) from None
+            if _same_file(fd, path):
+                break
+            os.close(fd)  # its holder removed it on release, after we opened it: again
         os.ftruncate(fd, 0)
         os.pwrite(fd, job_id.encode(), 0)
-        return cls(path, fd)
+        return cls(root, fd, created)
 
     def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        if self.fd is None:
+            return
+        with contextlib.suppress(OSError):  # still held: nobody can take it meanwhile
+            if os.listdir(self.root) == [LOCK_NAME]:
+                os.unlink(self.path)
+                for folder in self.created:  # the root first, then its parents made for it
+                    os.rmdir(folder)
+        os.close(self.fd)
+        self.fd = None
+
+
+def _missing(root: str) -> list[str]:
+    """The folders ``makedirs(root)`` is about to create, the deepest first."""
+    out = []
+    path = os.path.abspath(root)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        out.append(path)
+        path = os.path.dirname(path)
+    return out
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _holder(fd: int) -> str:
