@@ -283,3 +283,23 @@ def test_an_orphaned_worker_keeps_the_job_and_its_root_and_is_shown_as_such(tmp_
     free = start(tmp_path, ["--no-autotrack", "--job-id", "other", "--dir", str(ck)], ["true"])
     _, err = free.communicate(timeout=60)
     assert free.returncode == 0, err
+
+
+def test_a_stop_the_script_never_reaches_a_safe_point_for_is_said_truthfully(tmp_path: Path) -> None:
+    """The stop signal comes after the last safe point: the script ends (exit 0) without a
+    checkpoint from it, and the worker says so instead of staying silent."""
+    script = (
+        "import os, signal, ferry\n"
+        "ferry.track(state={'a': 1})\n"
+        "ferry.step()\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)  # after the loop: no safe point follows\n"
+    )
+    env = env_for(tmp_path / "home", FERRY_DIR=str(tmp_path / "ck"))
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert (
+        "ferry: SIGUSR1 asked for a checkpoint and stop, but the script reached no safe point" in done.stderr
+    )
+    assert "ended at step 1 without one" in done.stderr, done.stderr
