@@ -8,12 +8,13 @@ import signal
 import threading
 from collections.abc import Iterator
 from types import FrameType
+from typing import Any
 
 import pytest
 
-from ferry.runtime.signals import SignalRequests, ignore_in_worker
+from ferry.runtime.signals import SignalRequests, chains, ignore_in_worker
 
-SIGNUMS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP)
+SIGNUMS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
 @pytest.fixture(autouse=True)
@@ -186,3 +187,48 @@ def test_a_worker_ignores_the_stop_signals() -> None:
     ignore_in_worker([signal.SIGUSR1])
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
     kill(signal.SIGUSR1)  # would end the process with SIG_DFL
+
+
+def _framework(signum: int, frame: FrameType | None) -> None:
+    pass
+
+
+# (id, the handler before ferry's, a stop signal?, safe points reached?, does it run after ferry's)
+CHAINS = [
+    ("default, stop", signal.SIG_DFL, True, True, False),
+    ("ignored, stop", signal.SIG_IGN, True, False, False),
+    ("none (a C handler), stop", None, True, True, False),
+    ("KeyboardInterrupt, stop, in the loop", signal.default_int_handler, True, True, False),
+    ("KeyboardInterrupt, stop, before the loop", signal.default_int_handler, True, False, True),
+    ("KeyboardInterrupt, a checkpoint signal", signal.default_int_handler, False, True, True),
+    ("a framework's, stop, in the loop", _framework, True, True, True),
+    ("a framework's, checkpoint", _framework, False, False, True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("previous", "stop", "at_safe_points", "runs"), [c[1:] for c in CHAINS], ids=[c[0] for c in CHAINS]
+)
+def test_which_previous_handler_runs(previous: Any, stop: bool, at_safe_points: bool, runs: bool) -> None:
+    assert chains(previous, stop=stop, at_safe_points=at_safe_points) is runs
+
+
+def test_ctrl_c_in_the_loop_records_a_stop_and_raises_nothing_even_twice() -> None:
+    """Issue 13: SIGINT as a stop signal chained to Python's KeyboardInterrupt, which ended
+    the run mid-step with no checkpoint (and a second Ctrl-C aborted the stop's save)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sig = SignalRequests(("SIGINT", "SIGTERM"), ())
+    sig.install()
+    sig.at_safe_points = True
+    kill(signal.SIGINT)
+    kill(signal.SIGINT)
+    assert sig.stop_signal == signal.SIGINT and sig.stop_count == 2
+
+
+def test_ctrl_c_before_the_first_safe_point_interrupts_as_without_ferry() -> None:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sig = SignalRequests(("SIGINT",), ())
+    sig.install()
+    with pytest.raises(KeyboardInterrupt):
+        kill(signal.SIGINT)
+    assert sig.stop_signal == signal.SIGINT

@@ -12,10 +12,16 @@ import pytest
 from ferry.knobs import BACKOFF_CAP_SECONDS, CHECKPOINT_EXIT_CODE, backoff_delay
 from ferry.supervisor import RunOptions, WorkerExit, decide
 from ferry.supervisor.decide import exit_status, resume_hint
+from ferry.supervisor.stopping import StopProgress, grace_kill_notice, stop_notice, stop_progress
 
 CKPT = "/ck/job"
 GPU1 = {"CUDA_VISIBLE_DEVICES": "1"}
 Opt = RunOptions
+
+
+def P(saving: int | None = None, last: int | None = None) -> StopProgress:
+    """How far a stop got: the step being saved, the newest committed checkpoint's."""
+    return StopProgress(saving_step=saving, last_checkpoint_step=last)
 
 
 def X(returncode: int, stop: str | None = None, **known: Any) -> WorkerExit:
@@ -34,6 +40,11 @@ ROWS: list[tuple[str, WorkerExit, RunOptions, str, int, float, str]] = [
     ("torchrun's 1 after 85", X(1, checkpointed=True), Opt(), "checkpointed", 85, 0, "checkpointed and"),
     ("stop, save failed", X(86, "SIGUSR1"), Opt(max_failures=3), "failed", 86, 0, "86 after SIGUSR1"),
     ("stop, grace over", X(-9, "SIGTERM", killed=True), Opt(), "failed", 137, 0, "after the 30 s grace"),
+    ("grace over, none kept", X(-9, "SIGINT", killed=True, progress=P()), Opt(), "failed", 137, 0,
+     "period; the job has no committed checkpoint: a new run"),
+    ("grace over, one kept", X(-9, "SIGINT", killed=True, progress=P(2, 1)), Opt(), "failed", 137, 0,
+     "period; the last committed checkpoint, step 1, stays"),
+    ("KeyboardInterrupt", X(130, "SIGINT"), Opt(), "failed", 130, 0, "130 after SIGINT, without a committed"),
     ("stop, then a crash", X(-11, "SIGTERM"), Opt(), "failed", 139, 0, "killed by SIGSEGV before it"),
     ("restart asked", X(85, restart=GPU1), Opt(restarts=2), "restart", 0, 0, "(1 of 2) with CUDA_VIS"),
     ("2nd restart", X(85, restart=GPU1, restarts=1), Opt(restarts=2), "restart", 0, 0, "(2 of 2)"),
@@ -101,3 +112,62 @@ def test_exit_status_is_what_a_shell_reports(returncode: int, status: int) -> No
 
 def test_the_default_exit_code_is_the_one_constant() -> None:
     assert RunOptions().exit_code == CHECKPOINT_EXIT_CODE == 85
+
+
+# What ``ferry run`` says while its worker stops (ferry.supervisor.stopping). Issue 13: it
+# said "the worker checkpoints and stops" and "the last committed one stays" whether or not
+# the worker ever reached a safe point and whether or not the job had a checkpoint.
+# (id, grace left, a repeat?, progress, words that must be there, words that must not)
+NOTICES = [
+    ("first", 30.0, False, P(),
+     ["SIGINT: asked the worker to checkpoint at its next safe point and stop; SIGKILL in 30 s"],
+     ["checkpoints and stops"]),
+    ("first, no grace", None, False, P(), ["no grace period (--grace)"], ["SIGKILL"]),
+    ("again, saving", 12.4, True, P(7, 5),
+     ["SIGINT again", "saving the checkpoint of step 7, which signals do not interrupt", "in 12 s, SIGKILL",
+      "step 5, stays"], []),
+    ("again, no safe point", 3.0, True, P(None, None),
+     ["has not reached a safe point yet; further signals change nothing", "has no committed checkpoint"],
+     ["stays"]),
+    ("again, no grace", None, True, P(3, 3), ["never killed: `kill -KILL 4242` ends it"], []),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("grace", "repeated", "progress", "there", "absent"),
+    [n[1:] for n in NOTICES],
+    ids=[n[0] for n in NOTICES],
+)
+def test_what_the_supervisor_says_when_it_forwards_a_stop(
+    grace: float | None, repeated: bool, progress: StopProgress, there: list[str], absent: list[str]
+) -> None:
+    line = stop_notice("SIGINT", grace, repeated=repeated, progress=progress, pid=4242)
+    assert all(w in line for w in there), line
+    assert not any(w in line for w in absent), line
+
+
+@pytest.mark.parametrize(
+    ("progress", "words"),
+    [
+        (P(), "(it reached no safe point after the signal (docs/zero-code.md: loops without one)): killing"),
+        (P(None, 4), "no new checkpoint: the last committed checkpoint, step 4, stays"),
+        (P(9, None), "(it was still saving the checkpoint of step 9)"),
+        (P(9, None), "the job has no committed checkpoint: a new run starts from the beginning"),
+    ],
+)
+def test_what_the_supervisor_says_when_the_grace_ends(progress: StopProgress, words: str) -> None:
+    assert words in grace_kill_notice("SIGTERM", 30.0, progress)
+
+
+@pytest.mark.parametrize(
+    ("status", "progress"),
+    [
+        ({}, P()),
+        ({"state": "running", "step": 4, "updated": 20.0, "worker_started": 10.0}, P()),
+        ({"state": "checkpointing", "step": 4, "updated": 20.0, "worker_started": 10.0}, P(4)),
+        ({"state": "checkpointing", "step": 4, "updated": 5.0, "worker_started": 10.0}, P()),  # earlier
+        ({"state": "running", "last_checkpoint": {"step": 2, "url": "u", "time": 1.0}}, P(None, 2)),
+    ],
+)  # fmt: skip
+def test_how_far_a_stop_got_is_read_from_the_status(status: Any, progress: StopProgress) -> None:
+    assert stop_progress(status) == progress

@@ -1,8 +1,9 @@
 """Find ferry jobs by id or PID, tell whether they are alive, and send them control requests.
 
 A job is *alive* when its worker process exists and, under ``ferry run``, its supervisor
-holds the lock. Everything here reads the job directory (docs/jobs.md) and never writes it,
-except for request files in ``control/``.
+or its worker holds the lock; *orphaned* when the worker holds it alone (the supervisor
+died). Everything here reads the job directory (docs/jobs.md) and never writes it, except
+for request files in ``control/``.
 """
 
 from __future__ import annotations
@@ -142,6 +143,13 @@ class JobRecord:
         return pid is not None and pid_exists(pid) and self.status.get("state") not in DONE_STATES
 
     @property
+    def orphaned(self) -> bool:
+        """Started by ``ferry run``, whose supervisor is gone while its worker lives on (it
+        holds the job's lock too): nobody forwards signals to it or restarts it."""
+        supervisor = self.identity.get("supervisor_pid")
+        return bool(supervisor) and self.alive and not pid_exists(supervisor or 0)
+
+    @property
     def busy(self) -> bool:
         """A checkpoint is being taken. The worker answers a request once the checkpoint is
         recorded, just before it rewrites its state: a recorded checkpoint of the current step
@@ -154,7 +162,7 @@ class JobRecord:
     @property
     def state(self) -> str:
         if self.alive:
-            return self.status.get("state", "?")
+            return "orphaned" if self.orphaned else self.status.get("state", "?")
         state = self.status.get("state")
         if state in DONE_STATES:
             return str(state)

@@ -5,7 +5,8 @@ Layout (documented in docs/jobs.md), mode 0700, owned by the job's user::
     <FERRY_HOME>/jobs/<job-id>/
         job.json       id, pid, host, user, command, checkpoint dir, start time
         status.json    state, step, timestamps, last checkpoints (rewritten atomically)
-        lock           flock'ed while the job runs: by `ferry run`, or by a worker started without it
+        lock           flock'ed while the job runs: by `ferry run` and its worker (which inherits
+                       it, so that it stays held while either lives), or by a worker started without it
         control/       requests (req-*.json) and responses (resp-*.json)
         events.jsonl   one line per event (checkpoint, resume, stop, failure)
 """
@@ -147,6 +148,11 @@ class JobDir:
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._lock_fd = fd
+
+    @property
+    def lock_fd(self) -> int | None:
+        """The held lock's descriptor: a child that inherits it holds the lock as well."""
+        return self._lock_fd
 
     def release_lock(self) -> None:
         if self._lock_fd is not None:

@@ -1,6 +1,6 @@
 """Signal handlers that only record the request; the work happens at the next safe point.
 
-Handlers that were installed before are chained to and put back on ``uninstall``.
+Handlers that were installed before are chained to (``chains``) and put back on ``uninstall``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,23 @@ from typing import Any
 Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 
+def chains(previous: Handler, *, stop: bool, at_safe_points: bool) -> bool:
+    """Whether the handler that was there before ferry's runs after ferry recorded a signal.
+
+    ``SIG_DFL`` and ``SIG_IGN`` never run: ferry's handler replaces the default action. Nor
+    does Python's own SIGINT handler (``KeyboardInterrupt``) for a stop signal once the script
+    reaches safe points: raised mid-step it would end the run with no checkpoint, and a
+    second Ctrl-C would abort the stop's save. Before the first safe point there is nothing
+    to checkpoint yet, and a script that never reaches one (not in the usual idiom) must stay
+    interruptible, so until then Ctrl-C interrupts as it would without ferry. Any other
+    Python handler (a framework's) runs."""
+    if not callable(previous):
+        return False
+    if stop and previous is signal.default_int_handler:
+        return not at_safe_points
+    return True
+
+
 class SignalRequests:
     """Records "stop" and "checkpoint" requests from signals, in a handler-safe way."""
 
@@ -24,6 +41,11 @@ class SignalRequests:
         self.stop_signal: int | None = None
         self.checkpoint_requested = False
         self.count = 0
+        self.stop_count = 0
+        """Stop signals received: the first asks for the stop, the others change nothing."""
+        self.at_safe_points = False
+        """Set by the session at its first safe point: from then on a stop signal only
+        records (see ``chains``)."""
 
     def install(self) -> bool:
         """Install the handlers; only possible from the main thread (returns False elsewhere)."""
@@ -41,13 +63,15 @@ class SignalRequests:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.count += 1
-        if self._actions.get(signum) == "stop":
+        stop = self._actions.get(signum) == "stop"
+        if stop:
+            self.stop_count += 1
             if self.stop_signal is None:
                 self.stop_signal = signum
         else:
             self.checkpoint_requested = True
         previous = self._previous.get(signum)
-        if callable(previous):
+        if callable(previous) and chains(previous, stop=stop, at_safe_points=self.at_safe_points):
             previous(signum, frame)
 
     @property

@@ -238,6 +238,7 @@ class Session(Hooks):
 
     # ------------------------------------------------------------------ safe points
     def _safe_point(self) -> None:
+        self.signals.at_safe_points = True  # a stop signal now waits for the next one
         if policy.idle(stopping=self._stopping, restore_pending=self._restore_pending):
             return
         if self.uncaptured is not None and not self._warned_rngs:
@@ -372,5 +373,7 @@ class Session(Hooks):
 
     def _atexit(self) -> None:
         if not self._closed:
+            if self.signals.stop_signal is not None and not self._stopping:
+                self.report.stop_missed(self.signals.stop_signal, self.global_step)
             self.close()
             self.report.finished(self.global_step)

@@ -4,6 +4,7 @@ answers to control requests, and the copy of each commit to the remote."""
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from typing import Protocol
 
@@ -144,6 +145,17 @@ class Reporter:
         self.job.event("stop", step=info.step, url=info.url, exit_code=code)
         log.info("ferry: checkpointed at step %d, exiting with %d (resume me)", info.step, code)
         return code
+
+    def stop_missed(self, signum: int, step: int) -> None:
+        """A stop signal came, but the script ended without reaching a safe point after it."""
+        name = signal.Signals(signum).name
+        log.warning(
+            "ferry: %s asked for a checkpoint and stop, but the script reached no safe point after "
+            "it and ended at step %d without one; docs/zero-code.md says which loops have safe points",
+            name,
+            step,
+        )
+        self.job.event("stop_missed", signal=name, step=step)
 
     def crashed(self, step: int, kind: type[BaseException], value: BaseException) -> None:
         """An uncaught exception ends the job as failed, not finished."""

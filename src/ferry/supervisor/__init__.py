@@ -4,6 +4,7 @@
 ``worker``: the worker's environment and process group, clearing up after it.
 ``signals``: the signal pump, forwarding and the SIGKILL at the end of a grace period.
 ``decide``: what to do when the worker exits (pure, tested from a table).
+``stopping``: what to say while the worker stops (pure, tested from a table).
 ``supervisor``: the loop around them, and the job directory's records.
 """
 

@@ -23,7 +23,7 @@ from typing import Literal
 
 from ferry.knobs import BACKOFF_CAP_SECONDS, backoff_delay
 from ferry.supervisor.options import RunOptions
-from ferry.supervisor.signals import signal_name
+from ferry.supervisor.stopping import StopProgress, kept, signal_name
 
 Action = Literal["finished", "checkpointed", "failed", "restart", "backoff"]
 
@@ -49,6 +49,8 @@ class WorkerExit:
     """In-place restarts done so far."""
     failures: int = 0
     """Failures restarted so far."""
+    progress: StopProgress | None = None
+    """What the job's status said when the worker was killed at the end of a grace period."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,8 @@ def decide(w: WorkerExit, o: RunOptions, checkpoint_dir: str) -> Decision:
             return Decision("checkpointed", code, message, hand_back=True, notes=tuple(notes))
         if w.killed:
             why = f"was killed with SIGKILL after the {o.grace_seconds:g} s grace period"
+            if w.progress is not None:
+                why += f"; {kept(w.progress)}"
         elif returncode < 0:
             why = f"was killed by {signal_name(-returncode)} before it could checkpoint"
         else:

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from ferry.supervisor.stopping import StopProgress, grace_kill_notice, signal_name, stop_notice, stop_progress
+
 if TYPE_CHECKING:
     from ferry.runtime.jobdir import JobDir
     from ferry.supervisor.worker import WorkerGroup
@@ -53,13 +55,6 @@ FORWARDED = tuple(int(s) for s in sorted(signal.valid_signals()) if _forwardable
 """Every signal the supervisor catches and passes on to the worker's process group."""
 
 
-def signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"SIGRTMIN+{signum - signal.SIGRTMIN}"
-
-
 class SignalPump:
     """Catches every forwardable signal while ``installed``; ``forward`` passes what arrived
     on to the current worker, ``escalate_if_due`` ends the grace period of a stop.
@@ -76,6 +71,10 @@ class SignalPump:
         self.stop_signal: int | None = None
         self._kill_at: float | None = None
         self.killed = False
+        self._stopping = False
+        """A stop signal was forwarded to the current worker: a further one is a repeat."""
+        self.progress: StopProgress | None = None
+        """How far the current worker's stop got when the grace period ended in SIGKILL."""
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
@@ -114,8 +113,8 @@ class SignalPump:
                 pass
 
     def new_worker(self) -> None:
-        """A worker started: no grace period runs for it yet."""
-        self._kill_at, self.killed = None, False
+        """A worker started: no grace period runs for it yet, no stop was asked of it."""
+        self._kill_at, self.killed, self._stopping, self.progress = None, False, False, None
 
     def forward(self, worker: WorkerGroup | None) -> None:
         """Pass every signal recorded since the last call on to ``worker`` (None, or one that
@@ -146,13 +145,14 @@ class SignalPump:
             return
         self.job.event("signal", signal=name, action="stop")
         grace = self.grace_seconds
+        repeated = self._stopping
+        self._stopping = True
         if self._kill_at is None and grace is not None:
             self._kill_at = time.monotonic() + grace
-            log.info(
-                "ferry run: %s: the worker checkpoints and stops; SIGKILL in %g s if it has not exited",
-                name,
-                grace,
-            )
+        left = None if self._kill_at is None else max(self._kill_at - time.monotonic(), 0.0)
+        progress = stop_progress(self.job.status())
+        notice = stop_notice(name, left, repeated=repeated, progress=progress, pid=worker.pid)
+        (log.warning if repeated else log.info)("%s", notice)
 
     def escalate_if_due(self, worker: WorkerGroup, poll: float) -> float:
         """SIGKILL the worker's group when the grace period of a stop is over; returns how
@@ -162,14 +162,10 @@ class SignalPump:
         left = self._kill_at - time.monotonic()
         if left > 0:
             return min(poll, left)
-        assert self.stop_signal is not None
+        assert self.stop_signal is not None and self.grace_seconds is not None
         name = signal_name(self.stop_signal)
-        log.error(
-            "ferry run: the worker did not exit within %g s of %s: killing its process group with "
-            "SIGKILL; this stop leaves no new checkpoint (the last committed one stays)",
-            self.grace_seconds,
-            name,
-        )
+        self.progress = stop_progress(self.job.status())
+        log.error("%s", grace_kill_notice(name, self.grace_seconds, self.progress))
         self.job.event("grace_kill", signal=name, grace_seconds=self.grace_seconds)
         worker.signal(signal.SIGKILL)
         self._kill_at, self.killed = None, True

@@ -1,7 +1,8 @@
 """``ferry run``: the supervisor that starts a training command as its worker and outlives it.
 
 The supervisor owns the job directory (``job.json``, ``status.json``, the ``lock`` it holds
-for its whole life), starts the worker in a process group of its own (``worker``), forwards
+for its whole life, shared with its worker) and the lock of a local checkpoint root
+(``rootlock``), starts the worker in a process group of its own (``worker``), forwards
 every signal it receives to that whole group and escalates a stop to SIGKILL when the
 worker overstays the grace period (``signals``), and acts on the worker's exit as
 ``decide`` says. This module is the I/O around those: the loop, the job directory's
@@ -15,6 +16,7 @@ import logging
 import os
 import shlex
 import shutil
+import signal
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -24,10 +26,12 @@ from ferry.errors import ConfigError
 from ferry.knobs import LEFTOVER_SECONDS, POLL_SECONDS
 from ferry.runtime.identity import default_job_id
 from ferry.runtime.jobdir import JobDir, write_json_atomic
+from ferry.runtime.rootlock import RootLock
 from ferry.schedulers import detect as detect_scheduler
 from ferry.supervisor.decide import Decision, WorkerExit, decide
 from ferry.supervisor.options import RunOptions, check_command
-from ferry.supervisor.signals import SignalPump, signal_name
+from ferry.supervisor.signals import SignalPump
+from ferry.supervisor.stopping import signal_name
 from ferry.supervisor.worker import WorkerGroup, handoff_dir, user_env, worker_env
 
 log = logging.getLogger("ferry.run")
@@ -49,6 +53,7 @@ class Supervisor:
         ckpt = self.options.dir or os.path.join("ferry-checkpoints", self.job_id)
         self.checkpoint_dir = ckpt if "://" in ckpt else os.path.abspath(ckpt)
         self.job: JobDir | None = None
+        self.root_lock: RootLock | None = None
         self.worker: WorkerGroup | None = None
         self.pump: SignalPump | None = None
         self.restarts = 0
@@ -66,6 +71,11 @@ class Supervisor:
         Config.from_env({**self._user_env(), "FERRY_DIR": self.checkpoint_dir})
         self.job = JobDir.create(self.job_id)
         self.job.acquire_lock()
+        try:
+            self.root_lock = RootLock.acquire(self.checkpoint_dir, self.job_id)
+        except BaseException:
+            self.job.release_lock()
+            raise
         self.pump = SignalPump(self.options.stop_signals, self.options.grace_seconds, self.job)
         try:
             self._begin()
@@ -80,6 +90,8 @@ class Supervisor:
         finally:
             if self.worker is not None:
                 self.worker.abandon(self.options.grace_seconds or LEFTOVER_SECONDS)
+            if self.root_lock is not None:
+                self.root_lock.release()
             self.job.release_lock()
 
     # ------------------------------------------------------------------ the worker
@@ -149,7 +161,9 @@ class Supervisor:
             worker_started=time.time(),
         )
         try:
-            worker = self.worker = WorkerGroup(self.command, env)
+            worker = self.worker = WorkerGroup(
+                self.command, env, locks=self._lock_fds(), pdeathsig=self._pdeathsig()
+            )
         except OSError as exc:
             error = f"cannot run {self.command[0]!r}: {exc.strerror or exc}"
             self.job.update_status("failed", error=error, exit_code=ConfigError.exit_code)
@@ -167,6 +181,20 @@ class Supervisor:
             self._restart_reason = None
         log.info("ferry run: worker pid %d started: %s", pid, shlex.join(self.command))
         return worker
+
+    def _lock_fds(self) -> tuple[int, ...]:
+        """The job's lock and its checkpoint root's: the worker holds them too, so that they
+        stay held while it lives, whatever happens to the supervisor."""
+        assert self.job is not None
+        fds = [self.job.lock_fd, None if self.root_lock is None else self.root_lock.fd]
+        return tuple(fd for fd in fds if fd is not None)
+
+    def _pdeathsig(self) -> int:
+        """What the worker gets when the supervisor dies (SIGKILLed): a stop signal, so that
+        it checkpoints and stops rather than trains on unsupervised."""
+        names = self.options.stop_signals
+        name = "SIGTERM" if "SIGTERM" in names or not names else names[0]
+        return int(getattr(signal, name))
 
     def _watch(self, worker: WorkerGroup) -> int:
         """Forward signals until the worker exits; returns its Popen return code."""
@@ -199,6 +227,7 @@ class Supervisor:
             checkpointed=status.get("state") == "checkpointed" and float(status.get("updated", 0)) >= started,
             stop_signal=signal_name(stop) if stop is not None else None,
             killed=self.pump.killed,
+            progress=self.pump.progress,
             forwarded=frozenset(signal_name(s) for s in worker.sent),
             restart=restart if isinstance(restart, dict) else None,
             restarts=self.restarts,

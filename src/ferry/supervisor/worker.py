@@ -3,19 +3,23 @@
 The worker runs in a process group (and session) of its own, so that a signal reaches all
 of it and nothing of the supervisor. Every process of the job inherits
 ``FERRY_SUPERVISOR_PID``, which finds the ones that left the group (torchrun starts each
-rank in a session of its own).
+rank in a session of its own). The worker holds the job's locks with the supervisor and
+gets a stop signal when the supervisor dies: it checkpoints and stops instead of training
+on unsupervised.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import logging
 import os
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ferry.autotrack import BOOT_DIR
 from ferry.knobs import GROUP_EXIT_SECONDS, LEFTOVER_SECONDS, PROCESS_POLL_SECONDS
@@ -82,12 +86,50 @@ def handoff_dir(job_path: str) -> str:
     return f"/dev/shm/ferry-{os.getuid()}-{key}"
 
 
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(signum: int) -> Callable[[], None] | None:
+    """For ``preexec_fn``: the started process gets ``signum`` when this process dies, even
+    by SIGKILL, so that the worker never trains on unsupervised (None where the kernel
+    has no parent-death signal). A parent already gone before the ``prctl`` is caught by
+    comparing the parent pid: the command is then not run at all (a signal raised here
+    would meet the parent's handlers, copied by the fork)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded here: not after the fork
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        if prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(signum), 0, 0, 0) == 0 and os.getppid() != parent:
+            os._exit(128 + signum)
+
+    return arm
+
+
 class WorkerGroup:
     """One started worker: its process group and the job's processes outside it."""
 
-    def __init__(self, command: Sequence[str], env: Mapping[str, str]) -> None:
-        """Start ``command``; OSError when it cannot be."""
-        self.proc = subprocess.Popen(list(command), start_new_session=True, env=dict(env))
+    def __init__(
+        self,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        locks: tuple[int, ...] = (),
+        pdeathsig: int | None = None,
+    ) -> None:
+        """Start ``command``; OSError when it cannot be. ``locks``: descriptors of flock'ed
+        files the worker holds too; ``pdeathsig``: the signal it gets if the supervisor dies."""
+        self.proc = subprocess.Popen(
+            list(command),
+            start_new_session=True,
+            env=dict(env),
+            pass_fds=locks,
+            preexec_fn=None if pdeathsig is None else die_with_parent(pdeathsig),
+        )
         self.pid = self.proc.pid
         self.sent: set[int] = set()
         """Signals sent to this worker's group (a death by one of them is ferry's doing)."""
