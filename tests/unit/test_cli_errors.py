@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import time
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from click.testing import CliRunner, Result
 
 from ferry.cli import main
 from ferry.errors import ConfigError
-from ferry.ops import devices, report
+from ferry.ops import devices, figure, report
 from ferry.runtime.jobdir import JobDir, write_json_atomic
 
 
@@ -139,11 +138,11 @@ def test_report_draws_failures_and_migrations(tmp_path: Path) -> None:
     tl = report.build("r", events, {"state": "finished", "step": 20, "updated": t + 14})
     assert [m["kind"] for m in tl.marks] == ["failure", "stop", "migration"]
     assert tl.lost_seconds == pytest.approx(3.0) and tl.max_step == 20
-    page = report.page(tl, {"state": "finished", "step": 20})
+    drawing = figure.draw(tl)
+    page = report.page(tl, {"state": "finished", "step": 20}, figure.svg(drawing))
     assert "3.0 s of work since the last checkpoint lost" in page and page.count("<svg") == 1
-    png = report.png(tl)
-    idat = png[png.index(b"IDAT") + 4 : png.index(b"IEND") - 8]
-    assert png.startswith(b"\x89PNG") and len(zlib.decompress(idat)) == report.H * (1 + 3 * report.W)
+    png = figure.png(drawing)
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
     # A job directory holding these events reports through the CLI too.
     job = JobDir.create("r", str(tmp_path / "jobs" / "r"))
     job.write_identity(id="r", command=["python", "t.py"])
