@@ -350,6 +350,7 @@ class Session(Hooks):
         if restart is not None:
             self.checkpointer.hand_over(self._capture)
         code = self.report.stopped(info, restart)
+        self.report.overtaken(info)
         self.close()
         raise SystemExit(code)
 
