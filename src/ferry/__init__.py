@@ -10,7 +10,8 @@ Explicit API (zero-code mode needs none of it)::
     ferry.resumed, ferry.global_step  # read-only view of the session
 
 Names are imported on first use, so ``import ferry`` (and ferry's start-up hook in every
-process of a job) stays cheap and does not import torch by itself.
+process of a job) stays cheap and does not import torch by itself. ``dir(ferry)`` lists
+them all, and ``help(ferry.track)`` (or any other name) shows its whole docstring.
 """
 
 from __future__ import annotations
@@ -74,10 +75,38 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'ferry' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    """The public API, imported or not yet (``dir(ferry)``, completion, ``help(ferry)``)."""
+    return sorted({*globals(), *__all__, *_LIVE})
+
+
 __all__ = [
-    "CheckpointInfo", "Config", "ConfigError", "CorruptCheckpointError", "FerryError",
-    "FunctionCheckpoint", "JobError", "Loaded", "NoCheckpointError", "ProcessCheckpointError",
-    "Session", "Stateful", "StorageError", "UnsafeCheckpointError", "UnsupportedStateError",
-    "__version__", "checkpoint", "close", "configure", "current", "load", "restore", "save",
-    "step", "track",
+    "CheckpointInfo",
+    "Config",
+    "ConfigError",
+    "CorruptCheckpointError",
+    "FerryError",
+    "FunctionCheckpoint",
+    "JobError",
+    "Loaded",
+    "NoCheckpointError",
+    "ProcessCheckpointError",
+    "Session",
+    "Stateful",
+    "StorageError",
+    "UnsafeCheckpointError",
+    "UnsupportedStateError",
+    "__version__",
+    "checkpoint",
+    "close",
+    "configure",
+    "current",
+    "global_step",
+    "load",
+    "restore",
+    "restored_step",
+    "resumed",
+    "save",
+    "step",
+    "track",
 ]  # fmt: skip

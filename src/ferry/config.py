@@ -52,6 +52,9 @@ class Config:
     remote: str | None = None
     """Also copy each committed checkpoint to this root (a shared path, s3://, root://) in the
     background, and fetch the newest from it at start when ``dir`` has none (docs/transfer.md)."""
+    ignore_generators: tuple[str, ...] = ()
+    """Zero-code mode: global random generators of the script, by variable name, not to warn
+    about when training draws from them (FERRY_IGNORE_GENERATORS=name,name)."""
     handoff_dir: str | None = None
     """A host-memory folder (tmpfs) for in-place restarts: a stop for a restart leaves a
     second copy of its checkpoint there, and the restarted worker loads that copy instead of

@@ -33,6 +33,7 @@ def under_ferry(
     tmp: Path,
     *,
     stop_after_lines: int = 0,
+    options: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
     cmd = [
         FERRY,
@@ -41,6 +42,7 @@ def under_ferry(
         str(tmp / "ck"),
         "--job-id",
         "zc",
+        *options,
         "--",
         sys.executable,
         str(SCRIPTS / script),
@@ -103,10 +105,21 @@ def test_unmodified_script_resumes_bitwise(
     assert run_params == ref_params
 
 
-def test_untracked_global_generator_is_reported(tmp_path: Path) -> None:
-    proc = under_ferry("zc_steps.py", tmp_path / "run", ["--numpy-generator", "--steps", "12"], tmp_path)
+@pytest.mark.parametrize(
+    ("args", "options", "warned"),
+    [
+        (["--numpy-generator"], (), True),  # training draws from it
+        ([], (), False),  # the global exists, but training never draws from it
+        (["--numpy-generator"], ("--env", "FERRY_IGNORE_GENERATORS=SPLIT,RNG"), False),  # silenced
+    ],
+)
+def test_untracked_global_generator_is_reported_when_training_uses_it(
+    tmp_path: Path, args: list[str], options: tuple[str, ...], warned: bool
+) -> None:
+    proc = under_ferry("zc_steps.py", tmp_path / "run", [*args, "--steps", "12"], tmp_path, options=options)
     assert proc.returncode == 0, proc.stderr
-    assert "global RNG (a numpy Generator) is not captured" in proc.stderr
+    assert ("global RNG (a numpy Generator) is not captured" in proc.stderr) is warned, proc.stderr
+    assert "SPLIT" not in proc.stderr  # drawn from only while setting up, before the first safe point
 
 
 def test_existing_sitecustomize_keeps_working(tmp_path: Path) -> None:

@@ -108,20 +108,30 @@ def _roots(modules: list[nn.Module], trained: set[int]) -> list[nn.Module]:
     return sorted(roots, key=_module_key)
 
 
-def uncaptured_rngs() -> list[str]:
-    """Random generators held in the script's globals: zero-code mode cannot tell what they
-    are for, so it says so instead of guessing. (Libraries keep private generators of their
-    own, which do not affect training; those are left alone.)"""
+def _fingerprint(obj: Any) -> int:
+    """A number that changes when the generator draws: its state, hashed."""
+    if isinstance(obj, random.Random):
+        return hash(obj.getstate())
+    if isinstance(obj, np.random.Generator):
+        return hash(repr(obj.bit_generator.state))
+    return hash(bytes(obj.get_state().numpy()))
+
+
+def uncaptured_rngs() -> dict[str, tuple[str, int]]:
+    """Random generators held in the script's globals, name -> (what, fingerprint of its
+    state): zero-code mode cannot tell what they are for, so it watches whether training
+    draws from them and says so instead of guessing (session/rngwatch.py). Libraries
+    keep private generators of their own, which do not affect training; those are left alone."""
     import sys
 
     main = sys.modules.get("__main__")
-    found = []
+    found: dict[str, tuple[str, int]] = {}
     for name, obj in list(vars(main).items()) if main is not None else []:
         cls = type(obj)
         if issubclass(cls, random.Random) and obj is not getattr(random, "_inst", None):
-            found.append(f"{name} (a random.Random)")
+            found[name] = ("a random.Random", _fingerprint(obj))
         elif issubclass(cls, np.random.Generator):
-            found.append(f"{name} (a numpy Generator)")
+            found[name] = ("a numpy Generator", _fingerprint(obj))
         elif issubclass(cls, torch.Generator):
-            found.append(f"{name} (a torch.Generator)")
-    return sorted(found)
+            found[name] = ("a torch.Generator", _fingerprint(obj))
+    return found

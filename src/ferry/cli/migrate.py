@@ -50,16 +50,23 @@ timeout_option = click.option(
     metavar="DEVICES",
     help="The target CUDA_VISIBLE_DEVICES: GPU indices or UUIDs, comma-separated.",
 )
+@click.option(
+    "--unchecked-devices",
+    is_flag=True,
+    help="Move even where the target devices cannot be checked (no NVML here).",
+)
 @timeout_option
 @json_option
-def migrate_cmd(job: str, target: str, timeout: float, as_json: bool) -> None:
+def migrate_cmd(job: str, target: str, unchecked_devices: bool, timeout: float, as_json: bool) -> None:
     """Move JOB to other GPUs of this machine: checkpoint, restart on DEVICES, resume.
 
     Returns once the restarted worker reports it resumed at the saved step, and prints the
     downtime: drain (to the next safe point), save, restart, restore. The job must run
     under `ferry run --restarts N`.
     """
-    result = ops.migrate(find_job(job), target, _positive(timeout), _progress(as_json))
+    result = ops.migrate(
+        find_job(job), target, _positive(timeout), _progress(as_json), unchecked=unchecked_devices
+    )
     if as_json:
         emit_json(result.to_dict())
         return

@@ -7,7 +7,7 @@ import os
 import click
 
 from ferry.cli.output import emit_json, json_option
-from ferry.ops import report
+from ferry.ops import figure, report
 from ferry.ops.jobs import find_job
 
 
@@ -21,21 +21,26 @@ from ferry.ops.jobs import find_job
 )
 @json_option
 def report_cmd(job: str, output: str | None, as_json: bool) -> None:
-    """Draw JOB's training steps over wall time, checkpoints, interruptions and migrations."""
+    """Draw JOB's training steps over wall time, checkpoints, interruptions and migrations.
+
+    Needs matplotlib: pip install 'gpuferry[report]'."""
     record = find_job(job)
-    timeline = report.build(record.id, record.dir.events(), record.status)
+    timeline = report.build(record.id, record.dir.events(), record.status, exists=report.checkpoint_exists)
+    drawing = figure.draw(timeline)
     page = output or f"ferry-report-{record.id}.html"
     image = os.path.splitext(page)[0] + ".png"
     with open(page, "w") as f:
-        f.write(report.page(timeline, record.status))
+        f.write(report.page(timeline, record.status, figure.svg(drawing)))
     with open(image, "wb") as f:
-        f.write(report.png(timeline))
+        f.write(figure.png(drawing))
     summary = {
         "job": record.id,
         "html": os.path.abspath(page),
         "png": os.path.abspath(image),
         "checkpoints": len(timeline.checkpoints),
+        "deleted_checkpoints": sum(c["deleted"] for c in timeline.checkpoints),
         "marks": timeline.marks,
+        "startups": timeline.startups,
         "lost_seconds": timeline.lost_seconds,
     }
     if as_json:

@@ -21,11 +21,12 @@ from ferry.knobs import (
     ANSWER_NOTE_SECONDS,
     PROCESS_POLL_SECONDS,
 )
-from ferry.runtime.control import read_response, response_path, submit
+from ferry.runtime.control import pending_action, read_response, response_path, submit, withdraw
 from ferry.runtime.jobdir import JobDir, jobs_root
 from ferry.runtime.jobfiles import Identity, Response, Status
 
 BUSY_STATES = ("checkpointing",)
+"""A save is in flight: requests queue behind it (``send``); ``ferry list`` shows it."""
 DONE_STATES = ("checkpointed", "finished", "failed")
 
 
@@ -280,17 +281,34 @@ def require_alive(record: JobRecord, doing: str) -> None:
             f"cannot {doing} job {record.id}: it is not running ({record.state}; {why}); "
             "`ferry resume` or `ferry run` starts it again from its last checkpoint"
         )
-    if record.busy:
-        raise JobError(
-            f"job {record.id} is already checkpointing (step {record.status.get('step')}): "
-            "wait for that checkpoint to commit (`ferry status`), then ask again"
-        )
 
 
 def send(record: JobRecord, action: str, env: dict[str, str] | None = None) -> str:
-    """Drop a control request after the checks; returns the request id."""
+    """Drop a control request after the checks; returns the request id.
+
+    A job that is checkpointing (``BUSY_STATES``) is not refused: its worker takes the
+    request at the first safe point after the save in flight, so a preemption hook's
+    ``checkpoint --all --wait`` queues behind a periodic save instead of failing. A stop
+    already under way answers the requests that came in meanwhile with its own checkpoint
+    (session/reporting.py), and ``wait_answer`` joins one that ended before it could."""
     require_alive(record, action)
     return submit(record.dir, action, env)
+
+
+def _joined_stop(record: JobRecord, rid: str) -> Response | None:
+    """The answer to a checkpoint or stop request that a stop overtook: the worker committed
+    a checkpoint and exited before it took the request, so the job's newest state is saved,
+    which is what the request asked for. None for any other request, or any other end."""
+    action = pending_action(record.dir, rid)
+    status = record.status
+    last = status.get("last_checkpoint")
+    if action not in ("checkpoint", "stop") or status.get("state") != "checkpointed" or last is None:
+        return None
+    if last["step"] != status.get("step"):
+        return None
+    withdraw(record.dir, rid)
+    return {"id": rid, "ok": True, "step": last["step"], "url": last["url"], "seconds": last["seconds"],
+            "time": last["time"]}  # fmt: skip
 
 
 def wait_answer(
@@ -310,6 +328,9 @@ def wait_answer(
         if now >= next_check:
             next_check = now + ANSWER_CHECK_SECONDS
             if not record.refresh().alive and not os.path.exists(response_path(record.dir, rid)):
+                joined = _joined_stop(record, rid)
+                if joined is not None:
+                    return joined
                 raise JobError(
                     f"job {record.id}'s worker exited before answering (state {record.state}); "
                     "no checkpoint was committed for this request"

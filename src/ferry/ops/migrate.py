@@ -82,8 +82,14 @@ def _events_after(record: JobRecord, since: float, kind: str) -> list[Event]:
     return [e for e in record.dir.events() if e["event"] == kind and e["time"] >= since]
 
 
-def migrate(record: JobRecord, target: str, timeout: float, progress: Progress) -> Migration:
-    """Checkpoint, restart on ``target`` devices, and return once the worker resumed."""
+def migrate(
+    record: JobRecord, target: str, timeout: float, progress: Progress, *, unchecked: bool = False
+) -> Migration:
+    """Checkpoint, restart on ``target`` devices, and return once the worker resumed.
+
+    Where the devices cannot be checked (no NVML), CUDA would start the worker on whatever
+    it finds, or on no GPU at all, and the job would train somewhere else than asked:
+    refused unless ``unchecked`` (``--unchecked-devices``) says to go on."""
     require_alive(record, "migrate")
     if not record.supervised:
         raise JobError(
@@ -101,6 +107,12 @@ def migrate(record: JobRecord, target: str, timeout: float, progress: Progress) 
     target, warning = devices.check(target)
     if devices.same(current, target):
         raise ConfigError(f"job {record.id} already runs on CUDA_VISIBLE_DEVICES={target}: nothing to move")
+    if warning and not unchecked:
+        raise ConfigError(
+            f"refused: {warning}; a device that does not exist is silently ignored by CUDA, so the "
+            "job could resume on other GPUs or on the CPU: check with nvidia-smi, then pass "
+            "--unchecked-devices to move it anyway"
+        )
     if warning:
         progress(f"warning: {warning}")
     t0 = time.time()

@@ -76,12 +76,33 @@ def submit(job: JobDir, action: str, env: dict[str, str] | None = None) -> str:
     rid = uuid.uuid4().hex[:12]
     try:
         write_json_atomic(
-            os.path.join(job.control, f"req-{rid}.json"),
+            _request_path(job, rid),
             {"id": rid, "action": action, "created": time.time(), "uid": os.getuid(), "env": env or {}},
         )
     except PermissionError as exc:
         raise JobError(f"cannot write to {job.control}: only the job's own user may control it") from exc
     return rid
+
+
+def _request_path(job: JobDir, rid: str) -> str:
+    return os.path.join(job.control, f"req-{rid}.json")
+
+
+def pending_action(job: JobDir, rid: str) -> str | None:
+    """The action of request ``rid`` while no worker has taken it; None once taken (or when
+    it cannot be read: a controller asks only about its own requests)."""
+    try:
+        raw = read_json(_request_path(job, rid))
+    except (OSError, ValueError):
+        return None
+    action = raw.get("action") if isinstance(raw, dict) else None
+    return action if isinstance(action, str) else None
+
+
+def withdraw(job: JobDir, rid: str) -> None:
+    """Remove a request no worker will take (its job ended)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(_request_path(job, rid))
 
 
 def response_path(job: JobDir, rid: str) -> str:

@@ -29,7 +29,18 @@ def adopt(session: Session) -> None:
 
 
 def configure(**settings: Any) -> Session:
-    """Start the session with these settings (see ``ferry.Config``); call before ``track``."""
+    """Start this process's session with these settings; call it once, before ``track``.
+
+    ``settings`` are ``ferry.Config`` fields (``dir``, ``every_steps``, ``every_seconds``,
+    ``keep_last``, ...); FERRY_* environment variables fill in the others, and ``ferry run``
+    sets those. Without a call, the first ``track`` starts the session from the environment
+    alone. Raises ``FerryError`` when the session exists already, ``ConfigError`` for a
+    setting that is unknown or out of range.
+
+    Example::
+
+        ferry.configure(dir="s3://bucket/run1", every_steps=500, keep_last=2)
+    """
     global _CURRENT
     if current(create=False) is not None:
         raise FerryError(
@@ -46,27 +57,70 @@ def _session() -> Session:
 
 
 def track(**objects: Any) -> None:
-    """Track training state by name; see ``Session.track``."""
+    """Track training state by name, so that every checkpoint saves it and a resumed run
+    gets it back exactly.
+
+    Each keyword names one object, and the name is its key in the checkpoint (keep names
+    stable between the interrupted and the resumed run). Accepted:
+
+    - objects with ``state_dict()`` / ``load_state_dict()``: models, optimizers, LR
+      schedulers, grad scalers, your own ``ferry.Stateful`` classes;
+    - plain ``dict`` and ``list`` objects that training updates in place (counters, history);
+    - random generators (``torch.Generator``, ``numpy.random.Generator``, ``random.Random``);
+    - ``torch.utils.data.DataLoader``: each batch request becomes a safe point (where a
+      checkpoint may be taken), and a resume skips the batches already consumed at the
+      sampler, without loading them. The one named ``loader`` (or the first) counts steps.
+
+    The global RNGs (Python, NumPy, torch CPU and CUDA) are always saved. When a checkpoint
+    exists under the configured ``dir``, tracked objects are restored from it: at once when
+    no DataLoader is tracked, else at the first batch request. Anything else raises
+    ``UnsupportedStateError``, naming the object.
+
+    Example::
+
+        ferry.track(model=model, optimizer=opt, scheduler=sched, loader=loader)
+        for epoch in range(epochs):
+            for x, y in loader:  # resumed runs pick up at the saved batch
+                ...
+    """
     _session().track(**objects)
 
 
 def step() -> None:
-    """Mark a safe point between iterations (needed only without a tracked DataLoader)."""
+    """Mark the end of a training iteration: a safe point, where a requested or periodic
+    checkpoint is taken and a stop takes effect.
+
+    Needed only when no DataLoader is tracked (with one, its batch requests are the safe
+    points and count the steps); then each call also counts one step (``ferry.global_step``).
+    Call it between iterations, never inside one: a checkpoint must not see half a step.
+    """
     _session().step()
 
 
 def restore() -> int | None:
-    """Restore the newest checkpoint now; returns its step, or None when starting fresh."""
+    """Restore the newest good checkpoint into the tracked objects now, instead of at the
+    first safe point; returns its step, or None when starting fresh.
+
+    Useful when the script reads restored state (an epoch counter) before its first batch.
+    A checkpoint that fails verification is skipped for the newest good one, with a warning.
+    """
     return _session().restore()
 
 
 def checkpoint(stop: bool = False) -> None:
-    """Request a checkpoint (and a stop, with ``stop=True``) at the next safe point."""
+    """Request a checkpoint at the next safe point; with ``stop=True``, then exit with the
+    "checkpointed, resume me" status (``Config.exit_code``, 85 by default).
+
+    It returns at once: the save happens at the next safe point, as for a signal
+    (``ferry checkpoint`` from another shell does the same for a running job).
+    """
     _session().request("stop" if stop else "checkpoint")
 
 
 def close() -> None:
-    """Finish the session: wait for the last save, put handlers back."""
+    """Finish the session: wait for the save in flight to commit, put the signal handlers
+    back and release the job. Called at exit by itself; call it to end a session earlier
+    (e.g. before training a second model in the same process)."""
     session = current(create=False)
     if session is not None:
         session.close()

@@ -28,6 +28,7 @@ from ferry.runtime.signals import SignalRequests
 from ferry.schedulers import detect as detect_scheduler
 from ferry.session import checkpointer, policy, resume
 from ferry.session.reporting import Reporter
+from ferry.session.rngwatch import GeneratorWatch, Look
 from ferry.state.generators import GeneratorState
 from ferry.state.loader import Hooks, LoaderTracker, protect_workers, track_loader, untrack_all
 from ferry.state.training import TrainingState
@@ -101,12 +102,13 @@ class Session(Hooks):
         self.signals = signals
         self.discover: Callable[[], dict[str, Any]] | None = None
         """Zero-code mode: finds the state to save at the restore point and each checkpoint."""
-        self.uncaptured: Callable[[], list[str]] | None = None
-        """Zero-code mode: names what it sees but cannot capture (the script's own random
-        generators), warned about once, at the first safe point."""
+        self.uncaptured: Look | None = None
+        """Zero-code mode: finds what it sees but cannot capture (the script's own random
+        generators); those training draws from after the first safe point are warned about."""
+        self._generators: GeneratorWatch | None = None
         self.last_batch_from: LoaderTracker | None = None
         self._driver_pinned = False
-        self._warned_rngs = False
+        self._trained = False  # past the first safe point
         self.transfer: Transfer | None = None  # docs/transfer.md
         if self.config.remote and self.job.writer:
             self.transfer = Transfer(self.config.dir, TransferPolicy(remote=self.config.remote))
@@ -241,14 +243,15 @@ class Session(Hooks):
         self.signals.at_safe_points = True  # a stop signal now waits for the next one
         if policy.idle(stopping=self._stopping, restore_pending=self._restore_pending):
             return
-        if self.uncaptured is not None and not self._warned_rngs:
-            self._warn_uncaptured(self.uncaptured)
+        if not self._trained:
+            self._first_safe_point()
         now = time.monotonic()
         if now >= self._next_poll:
             self._requests.extend(self.inbox.poll())
             self._next_poll = now + self.config.control_poll_seconds
         if now >= self._next_status:  # a heartbeat for `ferry list` / `ferry status`
             self.job.update_status("running", step=self.global_step)
+            self._check_generators()
             self._next_status = now + STATUS_SECONDS
         point = self._point(now)
         decision = policy.decide(point, self.checkpointer.agree(policy.wish(point)))
@@ -274,14 +277,18 @@ class Session(Hooks):
             requests=tuple(r.action for r in self._requests),
         )
 
-    def _warn_uncaptured(self, uncaptured: Callable[[], list[str]]) -> None:
-        self._warned_rngs = True
-        for what in uncaptured():
-            log.warning(
-                "ferry: warning: the script's global %s is not captured in zero-code mode "
-                "and a resumed run may differ; ferry.track() it",
-                what,
-            )
+    def _first_safe_point(self) -> None:
+        """Training runs: the worker's start-up ends here (``ferry report`` draws it), and the
+        script's generators are looked at, to tell later which ones training draws from."""
+        self._trained = True
+        self.job.event("training_start", step=self.global_step)
+        if self.uncaptured is not None:
+            self._generators = GeneratorWatch(self.uncaptured, self.config.ignore_generators)
+            self._generators.start()
+
+    def _check_generators(self) -> None:
+        if self._generators is not None:
+            self._generators.check()
 
     # ------------------------------------------------------------------ checkpoints
     def _capture(self) -> TrainingState:
@@ -295,6 +302,7 @@ class Session(Hooks):
         )
 
     def _save(self, requests: list[Request]) -> None:
+        self._check_generators()
         self._last_step, self._last_time = self.global_step, time.monotonic()
         self.job.update_status("checkpointing", step=self.global_step)
         self.report.awaiting(self.global_step, requests)
@@ -341,6 +349,7 @@ class Session(Hooks):
         if restart is not None:
             self.checkpointer.hand_over(self._capture)
         code = self.report.stopped(info, restart)
+        self.report.overtaken(info)
         self.close()
         raise SystemExit(code)
 
@@ -350,6 +359,7 @@ class Session(Hooks):
         if self._closed:
             return
         self._closed = True
+        self._check_generators()
         try:
             self.checkpointer.close()
         except FerryError as exc:

@@ -157,6 +157,21 @@ class Reporter:
         )
         self.job.event("stop_missed", signal=name, step=step)
 
+    def overtaken(self, info: CheckpointInfo) -> None:
+        """Answer the requests that came in while the stop of ``info`` was saving: a checkpoint
+        or a stop is what that commit already is (the job trains no further), so they join it;
+        a restart cannot happen any more, so it is refused, saying why."""
+        for r in self.inbox.poll():
+            if r.action in ("checkpoint", "stop"):
+                self.inbox.respond(r.id, ok=True, step=info.step, url=info.url, seconds=info.seconds)
+            else:
+                self.inbox.respond(
+                    r.id,
+                    ok=False,
+                    error=f"the job stopped with a checkpoint at step {info.step} before it could "
+                    f"{r.action}: start it again (`ferry run`, `ferry resume`), then ask again",
+                )
+
     def crashed(self, step: int, kind: type[BaseException], value: BaseException) -> None:
         """An uncaught exception ends the job as failed, not finished."""
         self.job.update_status("failed", step=step, error=f"{kind.__name__}: {value}")

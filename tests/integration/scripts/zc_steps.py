@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 RNG = np.random.default_rng(0)
+SPLIT = np.random.default_rng(1)  # used only while setting up: resumes the same without ferry
 
 
 def main() -> None:
@@ -27,7 +28,7 @@ def main() -> None:
     args = p.parse_args()
     torch.manual_seed(3)
     np.random.seed(3)
-    x = torch.randn(100, 6)
+    x = torch.randn(100, 6)[torch.from_numpy(SPLIT.permutation(100))]
     y = x @ torch.randn(6, 1) + 0.1 * torch.randn(100, 1)
     loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True, drop_last=True)
     model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Dropout(0.1), nn.Linear(16, 1))

@@ -1,0 +1,105 @@
+"""Issue 16: the report's timeline from events (pure, from tables), and the one clear line
+when matplotlib is not installed."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from ferry.errors import ConfigError
+from ferry.ops import figure, report
+from ferry.runtime.jobfiles import Event, Status
+
+
+def ev(time: float, event: str, **fields: object) -> Event:
+    return {"time": time, "event": event, **fields}  # type: ignore[typeddict-item]
+
+
+def ckpt(time: float, step: int, url: str) -> Event:
+    return ev(time, "checkpoint", step=step, url=url, seconds=0.5, blocking_seconds=0.1)
+
+
+LIFE = [
+    ev(0.0, "run_start"),
+    ev(0.1, "worker_start", pid=10),
+    ckpt(2.0, 0, "ck/step-0"),
+    ckpt(3.0, 5, "ck/step-5"),
+    ev(4.0, "worker_exit", pid=10, returncode=-9),
+    ev(4.5, "worker_start", pid=11),
+    ev(6.0, "resume", step=5, url="ck/step-5"),
+    ev(7.0, "stop", step=8, url="ck/step-8", exit_code=77),
+    ckpt(7.0, 8, "ck/step-8"),
+    ev(7.2, "worker_exit", pid=11, returncode=77),
+    ev(7.3, "run_end", state="checkpointed", exit_code=77),
+]
+
+
+@pytest.mark.parametrize(
+    ("events", "status", "kinds"),
+    [
+        (LIFE, {"state": "checkpointed", "exit_code": 77}, ["failure", "stop"]),
+        # the custom code known only from the status (an older session wrote no stop event)
+        (
+            [e for e in LIFE if e["event"] not in ("stop", "run_end")],
+            {"state": "checkpointed", "exit_code": 77},
+            ["failure"],
+        ),
+        # without any record of 77, it is a failure
+        (
+            [e for e in LIFE if e["event"] not in ("stop", "run_end")],
+            {"state": "failed"},
+            ["failure", "failure"],
+        ),
+        ([ev(0, "worker_start"), ev(1, "worker_exit", returncode=85)], {}, []),
+        ([ev(0, "worker_start"), ev(1, "worker_exit", returncode=0)], {}, []),
+    ],
+)
+def test_marks_and_custom_checkpoint_codes(events: list[Event], status: Status, kinds: list[str]) -> None:
+    assert [m["kind"] for m in report.build("j", events, status).marks] == kinds
+
+
+def test_startups_lost_work_and_deleted_checkpoints() -> None:
+    tl = report.build(
+        "j", LIFE, {"state": "checkpointed", "step": 8, "updated": 7.1}, exists=lambda u: u != "ck/step-0"
+    )
+    assert tl.startups == [{"start": 0.1, "end": 2.0}, {"start": 4.5, "end": 6.0}]
+    assert tl.lost == [{"start": 3.0, "end": 4.0}] and tl.lost_seconds == 1.0
+    assert [(c["step"], c["deleted"]) for c in tl.checkpoints] == [(0, True), (5, False), (8, False)]
+    assert tl.segments == [[(2.0, 0), (3.0, 5)], [(6.0, 5), (7.0, 8), (7.0, 8), (7.1, 8)]]
+    assert (tl.start, tl.end, tl.max_step) == (0.0, 7.3, 8)
+
+
+def test_a_worker_without_a_step_zero_save_trains_from_its_start() -> None:
+    tl = report.build("j", [ev(1.0, "worker_start"), ckpt(5.0, 10, "ck/a")], {"step": 12, "updated": 6.0})
+    assert tl.startups == [] and tl.segments == [[(1.0, 0), (5.0, 10), (6.0, 12)]]
+
+
+def test_training_start_ends_the_start_up_and_a_worker_dying_early_is_all_start_up() -> None:
+    events = [
+        ev(0.0, "worker_start"),
+        ev(1.0, "worker_exit", returncode=1),
+        ev(2.0, "worker_start"),
+        ev(3.0, "resume", step=4, url="ck/a"),
+        ev(3.5, "training_start", step=4),
+        ckpt(5.0, 8, "ck/b"),
+    ]
+    tl = report.build("j", events, {"step": 9, "updated": 6.0})
+    assert tl.startups == [{"start": 0.0, "end": 1.0}, {"start": 2.0, "end": 3.5}]
+    assert tl.segments == [[(3.0, 4), (3.5, 4), (5.0, 8), (6.0, 9)]]
+    assert [m["kind"] for m in tl.marks] == ["failure"] and tl.lost == []  # it never trained
+
+
+def test_without_matplotlib_the_message_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    with pytest.raises(ConfigError, match=r"pip install 'gpuferry\[report\]'"):
+        figure.draw(report.Timeline("j"))
+
+
+def test_the_figure_is_drawn_as_png_and_svg() -> None:
+    pytest.importorskip("matplotlib")
+    drawing = figure.draw(report.build("j", LIFE, {"state": "checkpointed", "step": 8, "updated": 7.1}))
+    png, svg = figure.png(drawing), figure.svg(drawing)
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    assert svg.startswith("<svg") and "training step" in svg and "failure" in svg
