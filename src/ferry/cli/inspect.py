@@ -8,7 +8,8 @@ from typing import TypedDict
 import click
 
 from ferry.cli.output import emit_json, human_bytes, json_option, table
-from ferry.engine import list_checkpoints, read_manifest, split_url, verify
+from ferry.engine.catalog import list_checkpoints, split_url
+from ferry.engine.integrity import read_manifest, verify
 from ferry.engine.manifest import Manifest
 from ferry.errors import CorruptCheckpointError, NoCheckpointError
 from ferry.storage import Storage

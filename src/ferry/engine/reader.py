@@ -10,28 +10,21 @@ fails, those live tensors hold part of the damaged data until the fallback check
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import xxhash
 
-from ferry.engine.format import DTYPE_NAMES, _safe_np_dtype, is_stateful, torch_dtype
-from ferry.engine.manifest import FileEntry, Manifest, TensorRecord, decode_manifest
-from ferry.engine.manifest import decode_tree as decode_tree
-from ferry.engine.pools import submit
+from ferry.engine.format import DTYPE_NAMES, TORCH_LEAVES, is_stateful, safe_np_dtype, torch_dtype
+from ferry.engine.integrity import CHUNK, chunks, stream_file
+from ferry.engine.integrity import read_manifest as read_manifest
+from ferry.engine.integrity import verify as verify
+from ferry.engine.manifest import FileEntry, Manifest, TensorRecord, decode_tree
 from ferry.engine.snapshot import byte_view, tensor_bytes
-from ferry.errors import CorruptCheckpointError, StorageError
 from ferry.storage import Storage
-from ferry.storage.atomic import MANIFEST
 
-CHUNK = 16 << 20
 DIRECT_MIN = 256 << 10
 """Tensors below this are read into the load buffer and copied: not worth a read call."""
-
-_hash_pool = ThreadPoolExecutor(1, thread_name_prefix="ferry-verify")
 
 
 @dataclass
@@ -47,89 +40,14 @@ class Loaded:
     manifest: Manifest
 
 
-def read_manifest(storage: Storage, name: str) -> Manifest:
-    """The manifest of checkpoint ``name``, checked whole (engine/manifest.py) before any
-    of its data is read."""
-    where = storage.child_url(name)
-    try:
-        data = storage.read_bytes(f"{name}/{MANIFEST}")
-    except FileNotFoundError as exc:
-        raise CorruptCheckpointError(f"{where}: manifest.json is missing") from exc
-    return decode_manifest(data, where)
-
-
-def _cut(view: memoryview) -> Iterator[memoryview]:
-    for start in range(0, len(view), CHUNK):
-        yield view[start : start + CHUNK]
-
-
-def _stream(
-    storage: Storage,
-    name: str,
-    file: str,
-    meta: FileEntry,
-    dests: Iterable[memoryview],
-    live: bool = False,
-) -> None:
-    """Read one data file, in order, into ``dests`` (which cover it exactly), verifying its
-    size and checksum. Hashing a piece overlaps reading the next (both release the GIL),
-    so a destination must not be reused by the piece right after it."""
-    where = storage.child_url(f"{name}/{file}")
-    size = int(meta["size"])
-    try:
-        actual = storage.size(f"{name}/{file}")
-    except FileNotFoundError as exc:
-        raise CorruptCheckpointError(f"{where} is missing") from exc
-    if actual != size:
-        raise CorruptCheckpointError(f"{where} is {actual} bytes, manifest says {size} (truncated)")
-    hasher = xxhash.xxh3_64()
-    reader = storage.open_reader(f"{name}/{file}")
-    pending: Future[None] | None = None
-    pos = 0
-    try:
-        for dest in dests:
-            filled = 0
-            while filled < len(dest):
-                n = reader.readinto(dest[filled:])
-                if n <= 0:
-                    raise CorruptCheckpointError(f"{where} ended early at byte {pos + filled}")
-                filled += n
-            if pending is not None:
-                pending.result()
-            pending = submit(_hash_pool, hasher.update, dest)
-            pos += filled
-    except OSError as exc:
-        raise StorageError(f"cannot read {where}: {exc}") from exc
-    finally:
-        if pending is not None:
-            pending.result()
-        reader.close()
-    assert pos == size, "destinations must cover the file"
-    if hasher.hexdigest() != meta.get("xxh3_64"):
-        note = " (the live tensors it was loading into got part of it)" if live else ""
-        raise CorruptCheckpointError(f"{where}: checksum mismatch (the file was damaged){note}")
-
-
 def read_file(
     storage: Storage, name: str, file: str, meta: FileEntry, into: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Read one data file into one host buffer (``into``, or a new one), verified."""
     size = int(meta["size"])
     buf = into if into is not None else torch.empty(size, dtype=torch.uint8)
-    _stream(storage, name, file, meta, _cut(byte_view(buf)[:size] if size else memoryview(b"")))
+    stream_file(storage, name, file, meta, chunks(byte_view(buf)[:size] if size else memoryview(b"")))
     return buf
-
-
-def verify(storage: Storage, name: str) -> Manifest:
-    """Check the manifest and every file; raises CorruptCheckpointError, returns the manifest.
-    Reads through two small buffers: verifying costs no memory of the checkpoint's size."""
-    manifest = read_manifest(storage, name)
-    bounce = [memoryview(bytearray(CHUNK)), memoryview(bytearray(CHUNK))]
-    for file, meta in manifest["files"].items():
-        size = int(meta["size"])
-        dests = (bounce[k % 2][: min(CHUNK, size - at)] for k, at in enumerate(range(0, size, CHUNK)))
-        _stream(storage, name, file, meta, dests)
-    return manifest
 
 
 Owner = tuple[torch.Tensor, int]
@@ -165,7 +83,7 @@ def _plan(
         buf = torch.empty(end - first, dtype=torch.uint8)
         for i in idx:
             owners[i] = (buf, entries[i]["offset"] - first)
-        dests.extend(_cut(byte_view(buf)))
+        dests.extend(chunks(byte_view(buf)))
         pos = end
 
     def flush() -> None:
@@ -179,7 +97,7 @@ def _plan(
         if i in targets:
             flush()
             skip_to(e["offset"])
-            dests.extend(_cut(tensor_bytes(targets[i])))
+            dests.extend(chunks(tensor_bytes(targets[i])))
             pos = e["offset"] + e["nbytes"]
         elif e["nbytes"] >= DIRECT_MIN:
             flush()
@@ -258,7 +176,7 @@ def _disjoint(entries: list[TensorRecord]) -> bool:
 def decode_array(raw: torch.Tensor, entry: TensorRecord) -> Any:
     """A tensor entry (checked by ``check_tensors``) over its bytes ``raw``, without a copy."""
     if entry["kind"] == "numpy":
-        return raw.numpy().view(_safe_np_dtype(entry["dtype"])).reshape(entry["shape"])
+        return raw.numpy().view(safe_np_dtype(entry["dtype"])).reshape(entry["shape"])
     return raw.view(torch_dtype(entry["dtype"])).reshape(entry["shape"])
 
 
@@ -278,7 +196,9 @@ def load_one(
             targets = live_targets(manifest["tree"], into, entries)
         for file, meta in manifest["files"].items():
             dests, placed = _plan(entries, file, int(meta["size"]), targets)
-            _stream(storage, name, file, meta, dests, live=any(entries[i]["file"] == file for i in targets))
+            stream_file(
+                storage, name, file, meta, dests, live=any(entries[i]["file"] == file for i in targets)
+            )
             owners.update(placed)
     else:  # tensors sharing bytes: never written by ferry, but readable
         buffers = {f: read_file(storage, name, f, m) for f, m in manifest["files"].items()}
@@ -291,4 +211,4 @@ def load_one(
         buf, at = owners[i]
         value = decode_array(buf[at : at + e["nbytes"]], e)
         arrays.append(value if e["kind"] == "numpy" or device.type == "cpu" else value.to(device))
-    return Loaded(decode_tree(manifest, arrays, where), int(manifest["step"]), where, manifest)
+    return Loaded(decode_tree(manifest, arrays, where, TORCH_LEAVES), int(manifest["step"]), where, manifest)
