@@ -182,7 +182,7 @@ def _preload() -> None:
     import torch.utils.data  # noqa: F401
 
     import ferry
-    import ferry.engine
+    import ferry.engine.saveload
     import ferry.session  # noqa: F401
 
 

@@ -81,7 +81,11 @@ def test_dead_pid_exits_9_with_one_line(command: str, dead_pid: int) -> None:
 )
 def test_live_non_gpu_process_gets_the_capability_error(args: list[str], sleeper: int) -> None:
     code, out, err = run(*args, str(sleeper))
-    assert (code, out) == (9, "")
+    if "--json" in args:  # the error as JSON on stdout, with its exit status (issue 16)
+        doc = json.loads(out)
+        assert (code, doc["exit"], err) == (9, 9, "")
+        err = f"ferry: error: {doc['error']}\n"
+    assert (code, out if "--json" not in args else "") == (9, "")
     assert err.startswith("ferry: error: ") and err.count("\n") == 1
     assert "libcuda.so.1 could not be loaded" in err or "gpuferry[process]" in err
 
@@ -130,9 +134,9 @@ def test_installed_script_in_a_subprocess(dead_pid: int, tmp_path: Path) -> None
         env=env,
         timeout=120,
     )
-    assert out.returncode == 9 and out.stdout == ""
-    assert "Traceback" not in out.stderr
-    assert "libcuda.so.1 could not be loaded" in out.stderr or "gpuferry[process]" in out.stderr
+    doc = json.loads(out.stdout)  # with --json, the error is JSON on stdout (issue 16)
+    assert out.returncode == 9 and doc["exit"] == 9 and out.stderr == ""
+    assert "libcuda.so.1 could not be loaded" in doc["error"] or "gpuferry[process]" in doc["error"]
 
 
 def test_dump_reports_what_criu_lacks(sleeper: int, tmp_path: Path) -> None:
@@ -140,8 +144,9 @@ def test_dump_reports_what_criu_lacks(sleeper: int, tmp_path: Path) -> None:
     if code == 0:  # CRIU works here: the dump is real (test_process_criu covers it)
         assert json.loads(out)["pid"] == sleeper
         return
-    assert (code, out) == (9, "")
-    assert any(s in err for s in ("criu is not installed", "`criu check` failed", "need root")), err
+    doc = json.loads(out)  # with --json, the error is JSON on stdout (issue 16)
+    assert (code, doc["exit"], err) == (9, 9, "")
+    assert any(s in doc["error"] for s in ("criu is not installed", "`criu check` failed", "need root")), doc
 
 
 def test_outcome_is_printed_for_people_and_for_scripts(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import json
 import logging
 import sys
+from collections.abc import Sequence
 
 import click
 from click.shell_completion import CompletionItem
@@ -33,9 +36,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "process",
         "Restore a process tree that `ferry dump` wrote to DIRECTORY (under its old PID).",
     ),
-    "list": ("jobs", "Ferry jobs, and the GPU processes NVML sees (marking which are ferry jobs)."),
+    "list": (
+        "jobs",
+        "Ferry jobs, and the GPU processes NVML sees (marking which are ferry jobs). Also: ls, ps.",
+    ),
     "status": ("jobs", "One job in detail: state, step, devices, checkpoint history with save times."),
     "checkpoint": ("jobs", "Ask JOB (an id or a PID) for a checkpoint at its next safe point."),
+    "stop": ("jobs", "Checkpoint JOB and stop it, once committed (checkpoint --stop --wait)."),
+    "prune": (
+        "prune",
+        "Delete the directories of jobs that ended longer ago than --older-than (never a live one).",
+    ),
     "migrate": ("migrate", "Move JOB to other GPUs of this machine: checkpoint, restart on DEVICES, resume."),
     "export": (
         "migrate",
@@ -57,6 +68,20 @@ paragraph of its help). Modules are imported only when one of their commands run
 texts equal to the commands' own."""
 
 
+ALIASES = {"ls": "list", "ps": "list"}
+"""The verbs users type for a command, from other tools; not listed in the help."""
+
+
+def wants_json(args: Sequence[str]) -> bool:
+    """``--json`` among a command's own arguments (not after ``--``: those are COMMAND's)."""
+    for arg in args:
+        if arg == "--":
+            return False
+        if arg == "--json":
+            return True
+    return False
+
+
 def _short_help(name: str, limit: int = 45) -> str:
     """A command's one-line help, shortened as click shortens the command's own."""
     return click.Command(name, help=COMMANDS[name][1]).get_short_help_str(limit)
@@ -70,6 +95,7 @@ class FerryGroup(click.Group):
         return sorted(COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        cmd_name = ALIASES.get(cmd_name, cmd_name)
         if cmd_name not in COMMANDS:
             return None
         module = importlib.import_module(f"ferry.cli.{COMMANDS[cmd_name][0]}")
@@ -92,11 +118,40 @@ class FerryGroup(click.Group):
             if name.startswith(incomplete)
         ]
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """A mistyped command gets the closest names ("did you mean")."""
+        name = args[0] if args else ""
+        if (
+            args
+            and not ctx.resilient_parsing
+            and not name.startswith("-")
+            and self.get_command(ctx, name) is None
+        ):
+            close = difflib.get_close_matches(name, [*COMMANDS, *ALIASES], n=3, cutoff=0.6)
+            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            ctx.fail(f"No such command {name!r}.{hint} (ferry --help lists them)")
+        return super().resolve_command(ctx, args)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["ferry.json"] = wants_json(args)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> object:
+        as_json = bool(ctx.meta.get("ferry.json"))
         try:
             return super().invoke(ctx)
         except FerryError as exc:
-            click.echo(f"ferry: error: {exc}", err=True)
+            if as_json:
+                click.echo(json.dumps({"error": str(exc), "exit": exc.exit_code}))
+            else:
+                click.echo(f"ferry: error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+        except click.ClickException as exc:  # a usage error of the command: its exit status, as JSON
+            if not as_json:
+                raise
+            click.echo(json.dumps({"error": exc.format_message(), "exit": exc.exit_code}))
             ctx.exit(exc.exit_code)
 
 

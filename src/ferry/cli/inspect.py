@@ -7,8 +7,9 @@ from typing import TypedDict
 
 import click
 
-from ferry.cli.output import emit_json, human_bytes, json_option, table
-from ferry.engine import list_checkpoints, read_manifest, split_url, verify
+from ferry.cli.output import ago, emit_json, human_bytes, json_option, table
+from ferry.engine.catalog import list_checkpoints, split_url
+from ferry.engine.integrity import read_manifest, verify
 from ferry.engine.manifest import Manifest
 from ferry.errors import CorruptCheckpointError, NoCheckpointError
 from ferry.storage import Storage
@@ -20,6 +21,8 @@ def _targets(url: str, newest_only: bool) -> tuple[Storage, list[str]]:
         return storage, [name]
     names = [r.name for r in list_checkpoints(storage)]
     if not names:
+        if not storage.exists(""):
+            raise NoCheckpointError(f"{url} does not exist: give a checkpoint or a checkpoint root")
         raise NoCheckpointError(f"no committed checkpoint under {url}")
     return storage, names[-1:] if newest_only else names
 
@@ -111,8 +114,10 @@ def inspect_cmd(url: str, show_all: bool, tensors: bool, as_json: bool) -> None:
     """Show a checkpoint's step, time, size and tensors (URL: a checkpoint or a root)."""
     storage, names = _targets(url, newest_only=not show_all)
     docs: list[Summary] = []
+    created: list[float] = []  # epoch seconds: an age from the ISO text would need its zone
     for name in names:
         manifest = read_manifest(storage, name)
+        created.append(manifest["created"])
         doc = _summary(storage, name, manifest)
         if tensors:
             doc["tensor_list"] = _tensor_rows(manifest)
@@ -120,11 +125,11 @@ def inspect_cmd(url: str, show_all: bool, tensors: bool, as_json: bool) -> None:
     if as_json:
         emit_json(docs if show_all else docs[0])
         return
-    for doc in docs:
-        age = time.time() - time.mktime(time.strptime(doc["created"], "%Y-%m-%dT%H:%M:%SZ"))
+    now = time.time()
+    for doc, saved in zip(docs, created, strict=True):
         click.echo(
             f"{doc['url']}\n  step {doc['step']}, {human_bytes(doc['bytes'])} in "
-            f"{doc['tensors']} tensors, saved {doc['created']} ({age - time.timezone:.0f} s ago), "
+            f"{doc['tensors']} tensors, saved {doc['created']} ({ago(now - saved)}), "
             f"world size {doc['world_size']}, torch {doc['torch_version']}"
         )
         if "tensor_list" in doc:

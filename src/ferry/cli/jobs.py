@@ -1,4 +1,4 @@
-"""``ferry list``, ``ferry status`` and ``ferry checkpoint``: see and control running jobs.
+"""``ferry list``, ``status``, ``checkpoint`` and ``stop``: see and control running jobs.
 
 JOB is a job id or a PID (the worker's, the session's or the supervisor's). Errors are
 one line with an exit code: 2 for bad input, 8 for a job that cannot be found, reached
@@ -14,7 +14,8 @@ from typing import TypedDict
 
 import click
 
-from ferry.cli.output import emit_json, human_bytes, json_option, table
+from ferry.cli.complete import complete_job
+from ferry.cli.output import clock, emit_json, human_bytes, json_option, table
 from ferry.errors import ConfigError, FerryError, JobError
 from ferry.knobs import CHECKPOINT_EXIT_CODE, REQUEST_TIMEOUT_SECONDS
 from ferry.ops.jobs import JobRecord, find_job, list_jobs, process_name, send, wait_answer
@@ -108,7 +109,11 @@ def gpu_processes(job_pids: dict[int, str]) -> tuple[list[GpuProcess], str | Non
 @click.option("--all", "show_all", is_flag=True, help="Also jobs that ended.")
 @json_option
 def list_cmd(show_all: bool, as_json: bool) -> None:
-    """Ferry jobs, and the GPU processes NVML sees (marking which are ferry jobs)."""
+    """Ferry jobs, and the GPU processes NVML sees (marking which are ferry jobs). Also: ls, ps.
+
+    Jobs are sorted by id, numbers by value (job2 before job10). START is when the job's
+    current run started, AGE the age of its last checkpoint.
+    """
     records = [r for r in list_jobs() if show_all or r.alive]
     jobs = [r.summary() for r in records]
     job_pids = {pid: r.id for r in records if r.alive for pid in r.pids}
@@ -120,8 +125,10 @@ def list_cmd(show_all: bool, as_json: bool) -> None:
         rows = [
             [
                 j["id"],
+                j["host"] or "-",
                 j["pid"] or "-",
                 j["state"],
+                clock(j["started"]),
                 j["step"] if j["step"] is not None else "-",
                 j["devices"] or ("-" if not j["alive"] else "(all)"),
                 j["last_checkpoint_step"] if j["last_checkpoint_step"] is not None else "-",
@@ -130,7 +137,9 @@ def list_cmd(show_all: bool, as_json: bool) -> None:
             ]
             for j in jobs
         ]
-        click.echo(table(["JOB", "PID", "STATE", "STEP", "DEVICES", "CKPT", "AGE", "COMMAND"], rows))
+        click.echo(
+            table(["JOB", "HOST", "PID", "STATE", "START", "STEP", "DEVICES", "CKPT", "AGE", "COMMAND"], rows)
+        )
     else:
         click.echo("no running ferry jobs" + ("" if show_all else " (--all shows ended ones)"))
     click.echo("")
@@ -154,7 +163,7 @@ def list_cmd(show_all: bool, as_json: bool) -> None:
 
 
 @click.command("status", epilog=EPILOG)
-@click.argument("job")
+@click.argument("job", shell_complete=complete_job)
 @json_option
 def status_cmd(job: str, as_json: bool) -> None:
     """One job in detail: state, step, devices, checkpoint history with save times."""
@@ -166,6 +175,7 @@ def status_cmd(job: str, as_json: bool) -> None:
         return
     click.echo(f"job {s['id']}: {s['state']} at step {s['step']}  (job directory {s['job_dir']})")
     click.echo(f"  command      {shlex.join(s['command'])}")
+    click.echo(f"  host         {s['host'] or '-'}   started {clock(s['started'])}")
     click.echo(f"  worker pid   {s['pid']}   supervisor pid {s['supervisor_pid'] or '-'}")
     click.echo(f"  devices      {s['devices'] or ('-' if not s['alive'] else '(all visible)')}")
     click.echo(f"  checkpoints  {s['checkpoint_dir']}")
@@ -200,7 +210,7 @@ def _targets(job: str | None, all_jobs: bool) -> list[JobRecord]:
 
 
 @click.command("checkpoint", epilog=EPILOG)
-@click.argument("job", required=False)
+@click.argument("job", required=False, shell_complete=complete_job)
 @click.option("--all", "all_jobs", is_flag=True, help="Every running job of this user (a preStop hook).")
 @click.option("--stop", is_flag=True, help=f"Then stop the job (exit {CHECKPOINT_EXIT_CODE}, resume me).")
 @click.option("--wait", is_flag=True, help="Return only when the checkpoint is committed.")
@@ -217,6 +227,28 @@ def checkpoint_cmd(
     job: str | None, all_jobs: bool, stop: bool, wait: bool, timeout: float, as_json: bool
 ) -> None:
     """Ask JOB (an id or a PID) for a checkpoint at its next safe point."""
+    _checkpoint(job, all_jobs=all_jobs, stop=stop, wait=wait, timeout=timeout, as_json=as_json)
+
+
+@click.command("stop", epilog=EPILOG)
+@click.argument("job", shell_complete=complete_job)
+@click.option(
+    "--timeout",
+    type=float,
+    default=REQUEST_TIMEOUT_SECONDS,
+    show_default=True,
+    metavar="S",
+    help="Give up after S seconds (exit 8).",
+)
+@json_option
+def stop_cmd(job: str, timeout: float, as_json: bool) -> None:
+    """Checkpoint JOB and stop it, once committed (checkpoint --stop --wait)."""
+    _checkpoint(job, all_jobs=False, stop=True, wait=True, timeout=timeout, as_json=as_json)
+
+
+def _checkpoint(
+    job: str | None, *, all_jobs: bool, stop: bool, wait: bool, timeout: float, as_json: bool
+) -> None:
     if timeout <= 0:
         raise ConfigError(f"--timeout must be > 0, got {timeout:g}")
     records = _targets(job, all_jobs)
@@ -268,4 +300,4 @@ def checkpoint_cmd(
         raise click.exceptions.Exit(JobError.exit_code)
 
 
-COMMANDS = [list_cmd, status_cmd, checkpoint_cmd]
+COMMANDS = [list_cmd, status_cmd, checkpoint_cmd, stop_cmd]

@@ -8,6 +8,7 @@ import os
 
 import click
 
+from ferry.cli.complete import complete_job
 from ferry.cli.jobs import EPILOG
 from ferry.cli.output import emit_json, json_option
 from ferry.errors import ConfigError
@@ -42,7 +43,7 @@ timeout_option = click.option(
 
 
 @click.command("migrate", epilog=EPILOG)
-@click.argument("job")
+@click.argument("job", shell_complete=complete_job)
 @click.option(
     "--to",
     "target",
@@ -79,7 +80,7 @@ def migrate_cmd(job: str, target: str, unchecked_devices: bool, timeout: float, 
 
 
 @click.command("export", epilog=EPILOG)
-@click.argument("job")
+@click.argument("job", shell_complete=complete_job)
 @click.argument("dest_url")
 @timeout_option
 @json_option
@@ -141,6 +142,15 @@ def resume_cmd(
     argv, env, cwd, autotrack = ops.prepare_resume(source, target, list(command), gpus, _progress(as_json))
     if cwd is not None:
         os.chdir(cwd)
+    again = ops.resume_command(
+        job_id=job_id,
+        checkpoint_dir=target,
+        command=argv,
+        env=env,
+        cwd=cwd or os.getcwd(),
+        autotrack=autotrack,
+        restarts=restarts,
+    )
     options = RunOptions(
         dir=target,
         job_id=job_id,
@@ -148,6 +158,7 @@ def resume_cmd(
         autotrack=autotrack,
         restarts=restarts,
         grace_seconds=None if grace == 0 else grace,
+        resume_command=again,
     )
     code = Supervisor(argv, options).run()
     if as_json:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,3 +29,25 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def ago(seconds: float) -> str:
+    """How long ago, for people: "3 s ago", "5 min ago", "2 h ago", "4 d ago". Ages come from
+    epoch seconds on both sides (never from a local-time parse), so every time zone agrees;
+    a time slightly ahead (clocks of two hosts) reads as "just now"."""
+    if seconds < 1:
+        return "just now"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit} ago"
+    return f"{seconds:.0f} s ago"
+
+
+def clock(epoch: float | None) -> str:
+    """A moment in local time, short: "14:03:07" today, "11-20 14:03" before."""
+    if epoch is None:
+        return "-"
+    at = time.localtime(epoch)
+    if time.strftime("%Y-%m-%d", at) == time.strftime("%Y-%m-%d"):
+        return time.strftime("%H:%M:%S", at)
+    return time.strftime("%m-%d %H:%M", at)

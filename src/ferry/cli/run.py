@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
+from ferry.cli.events import events_on_stdout
+from ferry.cli.output import json_option
 from ferry.errors import ConfigError
 from ferry.knobs import (
     BACKOFF_CAP_SECONDS,
@@ -12,6 +16,7 @@ from ferry.knobs import (
     FAILURE_EXIT_CODE,
     GRACE_SECONDS,
 )
+from ferry.runtime.jobdir import jobs_root
 from ferry.supervisor import RunOptions, Supervisor
 
 
@@ -49,6 +54,10 @@ Exit status:
 Examples:
   ferry run -- python train.py --lr 3e-4
   ferry run --job-id exp1 --every-seconds 600 --max-failures 3 -- torchrun --nproc-per-node 4 train.py
+
+With --json, stdout carries the job's events, one JSON object a line (run_start,
+worker_start, checkpoint, stop, worker_exit, restart, run_end, ...: docs/cli.md), and
+the command's own stdout goes to stderr.
 
 The job directory layout and the restart rules: docs/jobs.md.""",
 )
@@ -107,6 +116,7 @@ The job directory layout and the restart rules: docs/jobs.md.""",
     is_flag=True,
     help="No zero-code hooks: for scripts that use ferry's explicit API, or none at all.",
 )
+@json_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def run_cmd(
@@ -123,6 +133,7 @@ def run_cmd(
     backoff: float,
     env_pairs: tuple[str, ...],
     no_autotrack: bool,
+    as_json: bool,
     command: tuple[str, ...],
 ) -> None:
     # The help text is the command's help= above: it names the exit code by its constant.
@@ -140,7 +151,12 @@ def run_cmd(
         autotrack=not no_autotrack,
         env=_env_pairs(env_pairs),
     )
-    ctx.exit(Supervisor(command, options).run())
+    supervisor = Supervisor(command, options)
+    if not as_json:
+        ctx.exit(supervisor.run())
+    with events_on_stdout(os.path.join(jobs_root(), supervisor.job_id, "events.jsonl")):
+        code = supervisor.run()
+    ctx.exit(code)
 
 
 COMMANDS = [run_cmd]

@@ -1,42 +1,39 @@
 """The on-disk format: a JSON manifest describing a tree of values and raw tensor bytes.
 
 Nothing here can execute code on load: the tree is JSON with a closed set of tags, and
-dtypes come from a fixed table. See docs/format.md.
+dtypes come from a fixed table. See docs/format.md. The torch-free half (names, the
+checksum, decoding the tree) is wire.py: this module adds torch's side of it.
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
-import xxhash
 
+from ferry.engine import wire
+from ferry.engine.wire import ALIGN as ALIGN
+from ferry.engine.wire import FORMAT_NAME as FORMAT_NAME
+from ferry.engine.wire import FORMAT_VERSION as FORMAT_VERSION
+from ferry.engine.wire import NUMPY_KINDS, Leaves
+from ferry.engine.wire import manifest_bytes as manifest_bytes
+from ferry.engine.wire import manifest_checksum as manifest_checksum
+from ferry.engine.wire import safe_np_dtype as safe_np_dtype
 from ferry.errors import UnsafeCheckpointError, UnsupportedStateError
 
 if TYPE_CHECKING:  # manifest.py builds on this module
     from ferry.engine.manifest import TensorRecord
 
-FORMAT_NAME = "ferry-checkpoint"
-FORMAT_VERSION = 1
-ALIGN = 64
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
-    name: getattr(torch, name)
-    for name in (
-        "float64", "float32", "float16", "bfloat16", "complex64", "complex128",
-        "int64", "int32", "int16", "int8", "uint8", "bool",
-        "uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2",
-    )
-    if hasattr(torch, name)
-}  # fmt: skip
+    name: getattr(torch, name) for name in wire.TORCH_ITEMSIZES if hasattr(torch, name)
+}
 DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
-NUMPY_KINDS = set("biufc")  # bool, int, uint, float, complex: no object or void dtypes
 
 
 def is_stateful(obj: object) -> bool:
@@ -155,56 +152,6 @@ def layout(entries: list[TensorEntry], file: str = "data-0.bin") -> int:
 
 # ---------------------------------------------------------------------------- decoding
 
-_TAGS = {"__float__", "__tensor__", "__ndarray__", "__npscalar__", "__bytes__", "__dict__",
-         "__tuple__", "__dtype__", "__device__", "__stateful__"}  # fmt: skip
-
-
-def unflatten(tree: object, arrays: Sequence[object]) -> Any:
-    """Decode a skeleton; ``arrays[i]`` replaces tensor index ``i``."""
-    if tree is None or isinstance(tree, (bool, int, float, str)):
-        return tree
-    if isinstance(tree, list):
-        return [unflatten(x, arrays) for x in tree]
-    if not isinstance(tree, dict):
-        raise UnsafeCheckpointError(f"unexpected JSON value {type(tree).__name__} in manifest")
-    tags = [k for k in tree if k.startswith("__")]
-    if not tags:
-        return {k: unflatten(x, arrays) for k, x in tree.items()}
-    tag = tags[0]
-    if tag not in _TAGS:
-        raise UnsafeCheckpointError(
-            f"checkpoint manifest uses unknown tag {tag!r}; ferry loads only plain values and "
-            "tensors and never runs code from a checkpoint: this file was not written by ferry"
-        )
-    val = tree[tag]
-    if tag == "__float__":
-        if val not in ("nan", "inf", "-inf"):
-            raise UnsafeCheckpointError(f"bad float literal {val!r} in manifest")
-        return float(val)
-    if tag in ("__tensor__", "__ndarray__"):
-        if not isinstance(val, int) or not 0 <= val < len(arrays):
-            raise UnsafeCheckpointError(f"manifest refers to missing tensor {val!r}")
-        return arrays[val]
-    if tag == "__npscalar__":
-        return np.dtype(_safe_np_dtype(val)).type(unflatten(tree["value"], arrays))
-    if tag == "__bytes__":
-        return base64.b64decode(val)
-    if tag == "__dict__":
-        return {_hashable(unflatten(k, arrays)): unflatten(x, arrays) for k, x in val}
-    if tag == "__tuple__":
-        return tuple(unflatten(x, arrays) for x in val)
-    if tag == "__dtype__":
-        return torch_dtype(val)
-    if tag == "__device__":
-        return torch.device(str(val))
-    return unflatten(tree["state"], arrays)  # __stateful__: its state dict
-
-
-def _hashable(k: object) -> object:
-    if isinstance(k, list):
-        raise UnsafeCheckpointError("manifest uses a list as a dict key")
-    return k
-
 
 def torch_dtype(name: str) -> torch.dtype:
     try:
@@ -213,26 +160,14 @@ def torch_dtype(name: str) -> torch.dtype:
         raise UnsafeCheckpointError(f"unknown tensor dtype {name!r} in manifest") from None
 
 
-def _safe_np_dtype(name: str) -> np.dtype[Any]:
-    try:
-        dt = np.dtype(name)
-    except (TypeError, ValueError):
-        raise UnsafeCheckpointError(f"unknown array dtype {name!r} in manifest") from None
-    if dt.kind not in NUMPY_KINDS:
-        raise UnsafeCheckpointError(f"array dtype {name!r} is not a number type; refused")
-    return dt
+def _npscalar(name: str, value: object) -> object:
+    return np.dtype(safe_np_dtype(name)).type(value)
 
 
-# ---------------------------------------------------------------------------- manifest
+TORCH_LEAVES = Leaves(dtype=torch_dtype, device=torch.device, npscalar=_npscalar)
+"""The leaves of a loaded tree: torch dtypes and devices, numpy scalars."""
 
 
-def manifest_checksum(body: Mapping[str, object]) -> str:
-    """xxh3-64 of the manifest without its checksum, serialized compactly, keys in order."""
-    canon = json.dumps(body, separators=(",", ":"))  # key order kept: state dicts are ordered
-    return str(xxhash.xxh3_64_hexdigest(canon.encode()))
-
-
-def manifest_bytes(body: Mapping[str, object]) -> bytes:
-    """Serialize with a checksum over the canonical body, so a damaged manifest is caught."""
-    doc = dict(body, checksum=manifest_checksum(body))
-    return json.dumps(doc, indent=1).encode()
+def unflatten(tree: object, arrays: Sequence[object]) -> Any:
+    """Decode a skeleton into live values; ``arrays[i]`` replaces tensor index ``i``."""
+    return wire.unflatten(tree, arrays, TORCH_LEAVES)

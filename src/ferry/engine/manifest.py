@@ -15,12 +15,14 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypedDict
 
-from ferry.engine.format import (
+from ferry.engine.wire import (
+    CHECK,
     FORMAT_NAME,
     FORMAT_VERSION,
-    _safe_np_dtype,
+    Leaves,
     manifest_checksum,
-    torch_dtype,
+    safe_np_dtype,
+    torch_itemsize,
     unflatten,
 )
 from ferry.errors import CorruptCheckpointError, UnsafeCheckpointError
@@ -161,10 +163,8 @@ def check_tensors(tensors: list[TensorRecord], files: Mapping[str, FileEntry], w
             raise _malformed(where, f"tensor {i} has shape {shape!r}")
         if offset < 0 or nbytes < 0:
             raise _malformed(where, f"tensor {i} has offset {offset!r}, nbytes {nbytes!r}")
-        if e["kind"] == "numpy":
-            itemsize = _safe_np_dtype(e["dtype"]).itemsize
-        else:
-            itemsize = torch_dtype(e["dtype"]).itemsize
+        numpy = e["kind"] == "numpy"
+        itemsize = safe_np_dtype(e["dtype"]).itemsize if numpy else torch_itemsize(e["dtype"])
         if nbytes != math.prod(shape) * itemsize or offset % itemsize:
             raise _malformed(
                 where, f"tensor {i}: {nbytes} bytes at offset {offset} do not fit {e['dtype']} {shape}"
@@ -173,11 +173,12 @@ def check_tensors(tensors: list[TensorRecord], files: Mapping[str, FileEntry], w
             raise _malformed(where, f"tensor {i} lies outside its file")
 
 
-def decode_tree(doc: Manifest | Part, arrays: Sequence[object], where: str) -> Any:
+def decode_tree(doc: Manifest | Part, arrays: Sequence[object], where: str, leaves: Leaves = CHECK) -> Any:
     """The state tree of ``doc`` with tensor ``i`` replaced by ``arrays[i]``; a malformed
-    tree is a CorruptCheckpointError, an unsafe one an UnsafeCheckpointError."""
+    tree is a CorruptCheckpointError, an unsafe one an UnsafeCheckpointError. ``leaves``:
+    CHECK only checks dtypes and devices (no torch); a load gives format.TORCH_LEAVES."""
     try:
-        return unflatten(doc["tree"], arrays)
+        return unflatten(doc["tree"], arrays, leaves)
     except CorruptCheckpointError:
         raise
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError) as exc:

@@ -22,11 +22,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ferry.engine.format import ALIGN, torch_dtype
+from ferry.engine.integrity import CHUNK
 from ferry.engine.manifest import TensorRecord
 from ferry.engine.snapshot import byte_view, tensor_bytes
 
-CHUNK = 16 << 20
-"""The largest piece read at once (and hashed while the next one is read)."""
 DIRECT_MIN = 256 << 10
 """Tensors below this are read through the bounce buffers: not worth a read call each."""
 

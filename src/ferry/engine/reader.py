@@ -10,25 +10,20 @@ fails, those live tensors hold part of the damaged data until the fallback check
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import xxhash
 
-from ferry.engine.format import DTYPE_NAMES, _safe_np_dtype, is_stateful, torch_dtype
-from ferry.engine.manifest import FileEntry, Manifest, TensorRecord, decode_manifest
-from ferry.engine.manifest import decode_tree as decode_tree
-from ferry.engine.placement import CHUNK, DIRECT_MIN, Bounce, Owner, plan_file
+from ferry.engine.format import DTYPE_NAMES, TORCH_LEAVES, is_stateful, safe_np_dtype, torch_dtype
+from ferry.engine.integrity import chunks, stream_file
+from ferry.engine.integrity import read_manifest as read_manifest
+from ferry.engine.integrity import verify as verify
+from ferry.engine.manifest import FileEntry, Manifest, TensorRecord, decode_tree
+from ferry.engine.placement import DIRECT_MIN, Bounce, Owner, plan_file
 from ferry.engine.snapshot import byte_view
-from ferry.errors import CorruptCheckpointError, StorageError
 from ferry.storage import Storage
-from ferry.storage.atomic import MANIFEST
-from ferry.storage.pools import submit
-
-_hash_pool = ThreadPoolExecutor(1, thread_name_prefix="ferry-verify")
 
 
 @dataclass
@@ -46,93 +41,14 @@ class Loaded:
     manifest: Manifest
 
 
-def read_manifest(storage: Storage, name: str) -> Manifest:
-    """The manifest of checkpoint ``name``, checked whole (engine/manifest.py) before any
-    of its data is read."""
-    where = storage.child_url(name)
-    try:
-        data = storage.read_bytes(f"{name}/{MANIFEST}")
-    except FileNotFoundError as exc:
-        raise CorruptCheckpointError(f"{where}: manifest.json is missing") from exc
-    return decode_manifest(data, where)
-
-
-def _cut(view: memoryview) -> Iterator[memoryview]:
-    for start in range(0, len(view), CHUNK):
-        yield view[start : start + CHUNK]
-
-
-def _stream(
-    storage: Storage,
-    name: str,
-    file: str,
-    meta: FileEntry,
-    dests: Iterable[memoryview],
-    live: bool = False,
-    filled: Callable[[int], None] | None = None,
-) -> None:
-    """Read one data file, in order, into ``dests`` (which cover it exactly), verifying its
-    size and checksum; ``filled(k)`` is called once destination ``k`` holds its bytes.
-    Hashing a piece overlaps reading the next (both release the GIL), so a destination
-    must not be reused by the piece right after it."""
-    where = storage.child_url(f"{name}/{file}")
-    size = int(meta["size"])
-    try:
-        actual = storage.size(f"{name}/{file}")
-    except FileNotFoundError as exc:
-        raise CorruptCheckpointError(f"{where} is missing") from exc
-    if actual != size:
-        raise CorruptCheckpointError(f"{where} is {actual} bytes, manifest says {size} (truncated)")
-    hasher = xxhash.xxh3_64()
-    reader = storage.open_reader(f"{name}/{file}")
-    pending: Future[None] | None = None
-    pos = 0
-    try:
-        for k, dest in enumerate(dests):
-            got = 0
-            while got < len(dest):
-                n = reader.readinto(dest[got:])
-                if n <= 0:
-                    raise CorruptCheckpointError(f"{where} ended early at byte {pos + got}")
-                got += n
-            if filled is not None:
-                filled(k)
-            if pending is not None:
-                pending.result()
-            pending = submit(_hash_pool, hasher.update, dest)
-            pos += got
-    except OSError as exc:
-        raise StorageError(f"cannot read {where}: {exc}") from exc
-    finally:
-        if pending is not None:
-            pending.result()
-        reader.close()
-    assert pos == size, "destinations must cover the file"
-    if hasher.hexdigest() != meta.get("xxh3_64"):
-        note = " (the live tensors it was loading into got part of it)" if live else ""
-        raise CorruptCheckpointError(f"{where}: checksum mismatch (the file was damaged){note}")
-
-
 def read_file(
     storage: Storage, name: str, file: str, meta: FileEntry, into: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Read one data file into one host buffer (``into``, or a new one), verified."""
     size = int(meta["size"])
     buf = into if into is not None else torch.empty(size, dtype=torch.uint8)
-    _stream(storage, name, file, meta, _cut(byte_view(buf)[:size] if size else memoryview(b"")))
+    stream_file(storage, name, file, meta, chunks(byte_view(buf)[:size] if size else memoryview(b"")))
     return buf
-
-
-def verify(storage: Storage, name: str) -> Manifest:
-    """Check the manifest and every file; raises CorruptCheckpointError, returns the manifest.
-    Reads through two small buffers: verifying costs no memory of the checkpoint's size."""
-    manifest = read_manifest(storage, name)
-    bounce = [memoryview(bytearray(CHUNK)), memoryview(bytearray(CHUNK))]
-    for file, meta in manifest["files"].items():
-        size = int(meta["size"])
-        dests = (bounce[k % 2][: min(CHUNK, size - at)] for k, at in enumerate(range(0, size, CHUNK)))
-        _stream(storage, name, file, meta, dests)
-    return manifest
 
 
 def live_targets(tree: Any, into: Any, entries: list[TensorRecord]) -> dict[int, torch.Tensor]:
@@ -201,7 +117,7 @@ def _disjoint(entries: list[TensorRecord]) -> bool:
 def decode_array(raw: torch.Tensor, entry: TensorRecord) -> Any:
     """A tensor entry (checked by ``check_tensors``) over its bytes ``raw``, without a copy."""
     if entry["kind"] == "numpy":
-        return raw.numpy().view(_safe_np_dtype(entry["dtype"])).reshape(entry["shape"])
+        return raw.numpy().view(safe_np_dtype(entry["dtype"])).reshape(entry["shape"])
     return raw.view(torch_dtype(entry["dtype"])).reshape(entry["shape"])
 
 
@@ -223,7 +139,7 @@ def read_arrays(
     for file, meta in files.items():
         plan = plan_file(entries, file, int(meta["size"]), targets, bounce)
         live = any(entries[i]["file"] == file for i in targets)
-        _stream(storage, name, file, meta, plan.pieces, live=live, filled=plan.filled)
+        stream_file(storage, name, file, meta, plan.pieces, live=live, filled=plan.filled)
         owners.update(plan.owners)
         values.update(plan.values)
     arrays: list[Any] = []
@@ -253,4 +169,4 @@ def load_one(
     if into is not None and device.type == "cpu" and _disjoint(entries):
         targets = live_targets(manifest["tree"], into, entries)
     arrays = read_arrays(storage, name, manifest["files"], entries, device, targets)
-    return Loaded(decode_tree(manifest, arrays, where), int(manifest["step"]), where, manifest)
+    return Loaded(decode_tree(manifest, arrays, where, TORCH_LEAVES), int(manifest["step"]), where, manifest)

@@ -9,6 +9,7 @@ for request files in ``control/``.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,6 +91,9 @@ class JobSummary(TypedDict):
     last_checkpoint: str | None
     last_checkpoint_step: int | None
     last_checkpoint_age: float | None
+    started: float | None
+    """When the job's current run started (epoch seconds): ``ferry run``'s start, else the
+    session's first record."""
 
 
 @dataclass
@@ -196,6 +200,7 @@ class JobRecord:
             "last_checkpoint": last["url"] if last else None,
             "last_checkpoint_step": last["step"] if last else None,
             "last_checkpoint_age": time.time() - last["time"] if last else None,
+            "started": self.status.get("started") or self.identity.get("created"),
         }
 
 
@@ -207,10 +212,23 @@ def command_of(record: JobRecord) -> list[str]:
     return record.identity.get("command", [])
 
 
+def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key that orders the numbers inside names by value: job2 before job10."""
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", name) if p)
+
+
+def job_ids() -> list[str]:
+    """The ids of the job directories under jobs_root(), naturally sorted, none opened."""
+    try:
+        return sorted(os.listdir(jobs_root()), key=natural_key)
+    except OSError:
+        return []
+
+
 def list_jobs() -> list[JobRecord]:
     root = jobs_root()
     try:
-        names = sorted(os.listdir(root))
+        names = sorted(os.listdir(root), key=natural_key)
     except FileNotFoundError:
         return []
     except PermissionError as exc:
@@ -336,14 +354,27 @@ def wait_answer(
                     "no checkpoint was committed for this request"
                 )
         if deadline is not None and now > deadline:
-            raise JobError(
-                f"job {record.id} did not answer within {timeout:g} s (at step "
-                f"{record.dir.status().get('step')}): a long step delays the next safe point; "
-                "retry with a longer --timeout"
-            )
+            raise JobError(no_answer_message(record.refresh(), timeout))
         if progress is not None and now >= next_note:
             progress(
                 f"job {record.id}: waiting ({now - start:.0f} s, step {record.dir.status().get('step')})"
             )
             next_note = now + ANSWER_NOTE_SECONDS
         time.sleep(PROCESS_POLL_SECONDS)
+
+
+def no_answer_message(record: JobRecord, timeout: float | None) -> str:
+    """Why a request went unanswered, as far as the job directory tells."""
+    within = f"job {record.id} did not answer within {timeout:g} s"
+    if record.session_pid is None:
+        # only the supervisor wrote: no ferry session runs in the worker to take requests
+        return (
+            f"{within}: its worker (pid {record.worker_pid}) has not started a ferry session "
+            f"(state {record.status.get('state', '?')}): it is still starting up, or its script does "
+            "not use ferry (under --no-autotrack, only ferry's API answers); the request stays "
+            "queued for the session's first safe point"
+        )
+    return (
+        f"{within} (at step {record.status.get('step')}): a long step delays the next safe "
+        "point; retry with a longer --timeout"
+    )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +31,17 @@ from ferry.typedjson import SchemaError, parse
 
 Progress = Callable[[str], None]
 BUNDLE = "bundle.json"
-_JOB_SPECIFIC = ("FERRY_JOB_ID", "FERRY_JOB_DIR", "FERRY_DIR", "FERRY_HOME", "FERRY_AUTOTRACK")
+_JOB_SPECIFIC = (
+    "FERRY_JOB_ID",
+    "FERRY_JOB_DIR",
+    "FERRY_DIR",
+    "FERRY_HOME",
+    "FERRY_AUTOTRACK",
+    "FERRY_HANDOFF_DIR",
+    "FERRY_SUPERVISOR_PID",
+)
+"""Variables that belong to the old job (its ids, its folders, its supervisor): a resumed
+job gets its own, and an old one would point it at the old job's host memory or process."""
 
 
 @dataclass
@@ -296,6 +307,17 @@ def prepare_resume(
         autotrack = bundle.get("autotrack", True)
     else:
         ckpt = source
+        src = open_storage(source)
+        if not src.exists(""):
+            raise NoCheckpointError(
+                f"{source} does not exist: give a bundle (`ferry export`) or a checkpoint URL"
+            )
+        if split_url(source)[1] is None and not list_checkpoints(src):
+            raise NoCheckpointError(
+                f"{source} holds neither a bundle ({BUNDLE}) nor a committed checkpoint: give a "
+                "bundle written by `ferry export`, or a checkpoint (or checkpoint root) and the "
+                "command after --"
+            )
         if not command:
             raise ConfigError(
                 f"{source} is a checkpoint, not a bundle (no {BUNDLE}): give the command after --, "
@@ -320,6 +342,30 @@ def prepare_resume(
     return command, env, cwd, autotrack
 
 
+def resume_command(
+    *,
+    job_id: str,
+    checkpoint_dir: str,
+    command: list[str],
+    env: dict[str, str],
+    cwd: str | None,
+    autotrack: bool,
+    restarts: int,
+) -> str:
+    """The shell command that resumes a job started by ``ferry resume``: ``ferry run`` on its
+    new checkpoint root. Running ``ferry resume BUNDLE`` again would start over from the
+    bundle's checkpoint and silently drop every step taken since."""
+    argv = ["ferry", "run", "--job-id", job_id, "--dir", checkpoint_dir]
+    if restarts:
+        argv += ["--restarts", str(restarts)]
+    if not autotrack:
+        argv.append("--no-autotrack")
+    for key, value in sorted(env.items()):
+        argv += ["--env", f"{key}={value}"]
+    line = shlex.join([*argv, "--", *command])
+    return f"cd {shlex.quote(cwd)} && {line}" if cwd else line
+
+
 __all__ = [
     "Bundle",
     "Migration",
@@ -329,4 +375,5 @@ __all__ = [
     "migrate",
     "parse_bundle",
     "prepare_resume",
+    "resume_command",
 ]

@@ -80,7 +80,10 @@ def exit_status(returncode: int) -> int:
 
 
 def resume_hint(options: RunOptions, checkpoint_dir: str) -> str:
-    """How to resume a stopped job: the same command when it names its job or its folder."""
+    """How to resume a stopped job: the command given for it (``ferry resume``'s), else the
+    same command when it names its job or its folder."""
+    if options.resume_command:
+        return f"to resume, run: {options.resume_command}"
     if options.dir or options.job_id:
         return "run the same command again to resume"
     return f"to resume, run it again with --dir {shlex.quote(checkpoint_dir)}"

@@ -4,6 +4,8 @@ can start at all."""
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
 import signal
 from collections.abc import Sequence
@@ -51,6 +53,9 @@ class RunOptions:
     """Zero-code mode: put ferry's sitecustomize on the worker's PYTHONPATH, FERRY_AUTOTRACK=1."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables for the worker."""
+    resume_command: str | None = None
+    """The shell command that resumes this job after a stop, when it is not this one again
+    (``ferry resume`` sets it: running that again would restart from the bundle)."""
     stop_signals: tuple[str, ...] = ("SIGTERM", "SIGINT", "SIGUSR1")
     """Signals that mean "checkpoint and stop": the worker is told so (FERRY_STOP_SIGNALS),
     and the supervisor starts the grace period when it forwards one."""
@@ -113,3 +118,28 @@ def check_command(command: Sequence[str], path: str | None) -> None:
             )
     elif shutil.which(argv0, path=path) is None:
         raise ConfigError(f"cannot run {argv0!r}: command not found on PATH")
+    _check_script(command)
+
+
+_PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
+_PYTHON_VALUE_OPTIONS = ("-W", "-X", "-Q")
+
+
+def _check_script(command: Sequence[str]) -> None:
+    """``python SCRIPT``: the script must exist, or the worker fails at once, and a restart
+    would fail the same way."""
+    if not _PYTHON.match(os.path.basename(command[0])):
+        return
+    args = iter(command[1:])
+    for arg in args:
+        if arg in ("-c", "-m", "-"):
+            return
+        if arg in _PYTHON_VALUE_OPTIONS:
+            next(args, None)
+        elif not arg.startswith("-"):
+            if not os.path.exists(arg):
+                raise ConfigError(
+                    f"cannot run {shlex.join(command[:4])}: no such script {arg!r} "
+                    f"(in {os.getcwd()}); check the path"
+                )
+            return

@@ -1,0 +1,141 @@
+"""The torch-free half of the on-disk format: names, the dtype table, the manifest checksum
+and the decoding of the state tree.
+
+``ferry inspect`` and ``ferry verify`` read manifests and checksums only; keeping this
+module (and manifest.py, integrity.py) free of torch lets them start in a tenth of a second.
+format.py builds on it with the torch half: encoding, and the leaves that are torch values.
+numpy is imported only when a manifest names a numpy dtype.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import xxhash
+
+from ferry.errors import UnsafeCheckpointError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+FORMAT_NAME = "ferry-checkpoint"
+FORMAT_VERSION = 1
+ALIGN = 64
+
+TORCH_ITEMSIZES: dict[str, int] = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "complex64": 8, "complex128": 16,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+    "uint16": 2, "uint32": 4, "uint64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1,
+}  # fmt: skip
+"""Every torch dtype the format names, with its size in bytes (a unit test checks them
+against torch). A name this torch lacks is refused when loading, by format.torch_dtype."""
+NUMPY_KINDS = set("biufc")  # bool, int, uint, float, complex: no object or void dtypes
+
+
+def torch_itemsize(name: str) -> int:
+    try:
+        return TORCH_ITEMSIZES[name]
+    except (KeyError, TypeError):
+        raise UnsafeCheckpointError(f"unknown tensor dtype {name!r} in manifest") from None
+
+
+def safe_np_dtype(name: str) -> np.dtype[Any]:
+    import numpy as np  # only manifests with numpy arrays or scalars need it
+
+    try:
+        dt = np.dtype(name)
+    except (TypeError, ValueError):
+        raise UnsafeCheckpointError(f"unknown array dtype {name!r} in manifest") from None
+    if dt.kind not in NUMPY_KINDS:
+        raise UnsafeCheckpointError(f"array dtype {name!r} is not a number type; refused")
+    return dt
+
+
+@dataclass(frozen=True)
+class Leaves:
+    """What the tags that stand for library values decode to. ``CHECK`` only checks them
+    (names stay names): a manifest is checked whole without torch; loading decodes them
+    into torch dtypes and devices and numpy scalars (format.TORCH_LEAVES)."""
+
+    dtype: Callable[[str], object]
+    device: Callable[[str], object]
+    npscalar: Callable[[str, object], object]
+
+
+def _check_dtype(name: str) -> object:
+    torch_itemsize(name)
+    return name
+
+
+def _check_npscalar(name: str, value: object) -> object:
+    safe_np_dtype(name)
+    return value
+
+
+CHECK = Leaves(dtype=_check_dtype, device=str, npscalar=_check_npscalar)
+
+_TAGS = {"__float__", "__tensor__", "__ndarray__", "__npscalar__", "__bytes__", "__dict__",
+         "__tuple__", "__dtype__", "__device__", "__stateful__"}  # fmt: skip
+
+
+def unflatten(tree: object, arrays: Sequence[object], leaves: Leaves = CHECK) -> Any:
+    """Decode a skeleton; ``arrays[i]`` replaces tensor index ``i``."""
+    if tree is None or isinstance(tree, (bool, int, float, str)):
+        return tree
+    if isinstance(tree, list):
+        return [unflatten(x, arrays, leaves) for x in tree]
+    if not isinstance(tree, dict):
+        raise UnsafeCheckpointError(f"unexpected JSON value {type(tree).__name__} in manifest")
+    tags = [k for k in tree if k.startswith("__")]
+    if not tags:
+        return {k: unflatten(x, arrays, leaves) for k, x in tree.items()}
+    tag = tags[0]
+    if tag not in _TAGS:
+        raise UnsafeCheckpointError(
+            f"checkpoint manifest uses unknown tag {tag!r}; ferry loads only plain values and "
+            "tensors and never runs code from a checkpoint: this file was not written by ferry"
+        )
+    val = tree[tag]
+    if tag == "__float__":
+        if val not in ("nan", "inf", "-inf"):
+            raise UnsafeCheckpointError(f"bad float literal {val!r} in manifest")
+        return float(val)
+    if tag in ("__tensor__", "__ndarray__"):
+        if not isinstance(val, int) or not 0 <= val < len(arrays):
+            raise UnsafeCheckpointError(f"manifest refers to missing tensor {val!r}")
+        return arrays[val]
+    if tag == "__npscalar__":
+        return leaves.npscalar(val, unflatten(tree["value"], arrays, leaves))
+    if tag == "__bytes__":
+        return base64.b64decode(val)
+    if tag == "__dict__":
+        return {_hashable(unflatten(k, arrays, leaves)): unflatten(x, arrays, leaves) for k, x in val}
+    if tag == "__tuple__":
+        return tuple(unflatten(x, arrays, leaves) for x in val)
+    if tag == "__dtype__":
+        return leaves.dtype(val)
+    if tag == "__device__":
+        return leaves.device(str(val))
+    return unflatten(tree["state"], arrays, leaves)  # __stateful__: its state dict
+
+
+def _hashable(k: object) -> object:
+    if isinstance(k, list):
+        raise UnsafeCheckpointError("manifest uses a list as a dict key")
+    return k
+
+
+def manifest_checksum(body: Mapping[str, object]) -> str:
+    """xxh3-64 of the manifest without its checksum, serialized compactly, keys in order."""
+    canon = json.dumps(body, separators=(",", ":"))  # key order kept: state dicts are ordered
+    return str(xxhash.xxh3_64_hexdigest(canon.encode()))
+
+
+def manifest_bytes(body: Mapping[str, object]) -> bytes:
+    """Serialize with a checksum over the canonical body, so a damaged manifest is caught."""
+    doc = dict(body, checksum=manifest_checksum(body))
+    return json.dumps(doc, indent=1).encode()
