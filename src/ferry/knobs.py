@@ -1,9 +1,8 @@
-"""Every tunable of the supervisor, the operator commands, the soak and the scheduler adapters,
-named once, with what it trades off.
+"""Every tunable of ferry, named once, with what it trades off: the session, the engine and
+the storage, the supervisor, the operator commands, the soak and the scheduler adapters.
 
 These are fixed numbers, not settings: what a user chooses per job is a ``Config`` field or
-a ``ferry run`` option (their defaults, where they are one of these, come from here). The
-session, the engine and the storage keep their own constants for now.
+a ``ferry run`` option (their defaults, where they are one of these, come from here).
 """
 
 from __future__ import annotations
@@ -19,6 +18,27 @@ FAILURE_EXIT_CODE = 86
 """The default exit status of a stop whose checkpoint could not be committed
 (Config.failure_exit_code): distinct from CHECKPOINT_EXIT_CODE, so that a scheduler never
 takes a failed save for a resumable stop."""
+
+# ---------------------------------------------------------------------- the session
+STATUS_SECONDS = 1.0
+"""How often a training process refreshes its status (the heartbeat that `ferry list` and
+`ferry status` read), at a safe point: fresher step counts, against a small file write."""
+
+# ---------------------------------------------------------------------- engine and storage I/O
+WRITE_CHUNK_BYTES = 16 << 20
+"""Bytes per write call of a checkpoint file: large enough for full-speed I/O, small enough
+that hashing one chunk overlaps writing the next."""
+
+WRITE_SMALL_BYTES = 1 << 20
+"""Segments below this (small tensors, padding) are gathered into one write call instead of
+one call each: 10,000 biases are not 10,000 system calls."""
+
+WRITE_BOUNCE_BYTES = 4 << 20
+"""The buffer small segments are gathered in, per file being written."""
+
+READ_CHUNK_BYTES = 16 << 20
+"""The largest piece read at once when loading or verifying (hashed while the next is read):
+larger means fewer calls to a remote store, at this much memory for two read buffers."""
 
 # ---------------------------------------------------------------------- the supervisor
 GRACE_SECONDS = 30.0
@@ -65,6 +85,10 @@ STOP_PROCESS_SECONDS = 10.0
 """How long a helper child process (a test server, moto) gets after SIGTERM before SIGKILL."""
 
 # ---------------------------------------------------------------------- operator commands
+SUSPEND_LOCK_SECONDS = 60.0
+"""The default of ``ferry suspend --timeout``: how long the driver may wait for in-flight GPU
+work before the process's CUDA state is locked; longer waits out long kernels."""
+
 REQUEST_TIMEOUT_SECONDS = 300.0
 """The default ``--timeout`` of ``ferry checkpoint --wait``, ``migrate`` and ``export``: the
 longest an operator waits for the next safe point plus a save. Long steps or big saves need

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from ferry.cli.output import emit_json, human_bytes, json_option, table
+from ferry.knobs import SUSPEND_LOCK_SECONDS
 from ferry.process import criu, nvml
 from ferry.process.cuda import CudaProcess, Outcome, check_pid, load_record, require_alive
 from ferry.process.driver import ProcessState
@@ -51,7 +52,7 @@ def _print_outcome(out: Outcome, as_json: bool) -> None:
 @click.option(
     "--timeout",
     type=float,
-    default=60.0,
+    default=SUSPEND_LOCK_SECONDS,
     show_default=True,
     help="Seconds to wait for the lock (in-flight GPU work to finish); 0: no limit.",
 )

@@ -13,12 +13,12 @@ import xxhash
 
 from ferry.engine.manifest import FileEntry, Manifest, decode_manifest
 from ferry.errors import CorruptCheckpointError, StorageError
+from ferry.knobs import READ_CHUNK_BYTES
 from ferry.storage import Storage
 from ferry.storage.atomic import MANIFEST
 from ferry.storage.pools import submit
 
-CHUNK = 16 << 20
-"""The largest piece read at once (and hashed while the next one is read)."""
+CHUNK = READ_CHUNK_BYTES
 _hash_pool = ThreadPoolExecutor(1, thread_name_prefix="ferry-verify")
 
 

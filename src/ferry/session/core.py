@@ -21,6 +21,7 @@ from ferry.engine import CheckpointInfo, Loaded
 from ferry.engine.format import is_stateful
 from ferry.engine.transfer import Transfer, TransferPolicy
 from ferry.errors import FerryError, UnsupportedStateError
+from ferry.knobs import STATUS_SECONDS
 from ferry.runtime.control import ControlInbox, Request
 from ferry.runtime.identity import default_job_id
 from ferry.runtime.jobdir import JobDir
@@ -34,7 +35,6 @@ from ferry.state.loader import Hooks, LoaderTracker, protect_workers, track_load
 from ferry.state.training import TrainingState
 
 log = logging.getLogger("ferry")
-STATUS_SECONDS = 1.0
 
 
 def _register_exit(hook: Callable[[], None]) -> None:

@@ -14,14 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 import xxhash
 
 from ferry.errors import StorageError
+from ferry.knobs import WRITE_BOUNCE_BYTES, WRITE_CHUNK_BYTES, WRITE_SMALL_BYTES
 from ferry.storage.base import LocalFiles, Storage
 from ferry.storage.pools import submit
-
-CHUNK = 16 << 20
-"""Bytes per write call: large enough for full-speed I/O, small enough to overlap hashing."""
-SMALL = 1 << 20
-"""Segments below this are gathered into one chunk instead of one write call each."""
-BOUNCE = 4 << 20
 
 Data = memoryview | bytes | Iterable[memoryview]
 """One buffer, or consecutive segments of one file (a list, or a stream of chunks)."""
@@ -30,7 +25,7 @@ _hash_pool = ThreadPoolExecutor(1, thread_name_prefix="ferry-hash")
 
 
 def chunks(data: Data) -> Iterator[memoryview]:
-    """The bytes of ``data`` (one view or consecutive segments) in chunks of <= CHUNK.
+    """The bytes of ``data`` (one view or consecutive segments) in chunks of <= WRITE_CHUNK_BYTES.
 
     A segment must stay valid only until the next one is requested (it may be a reused
     read buffer).
@@ -44,9 +39,9 @@ def chunks(data: Data) -> Iterator[memoryview]:
     out = memoryview(b"")
     for seg in segments:
         seg = seg.cast("B") if seg.format != "B" or seg.ndim != 1 else seg
-        if len(seg) < SMALL:
+        if len(seg) < WRITE_SMALL_BYTES:
             if not out:
-                out = memoryview(bytearray(BOUNCE))
+                out = memoryview(bytearray(WRITE_BOUNCE_BYTES))
             if fill + len(seg) > len(out):
                 yield out[:fill]
                 fill = 0
@@ -56,8 +51,8 @@ def chunks(data: Data) -> Iterator[memoryview]:
         if fill:
             yield out[:fill]
             fill = 0
-        for start in range(0, len(seg), CHUNK):
-            yield seg[start : start + CHUNK]
+        for start in range(0, len(seg), WRITE_CHUNK_BYTES):
+            yield seg[start : start + WRITE_CHUNK_BYTES]
     if fill:
         yield out[:fill]
 
@@ -130,7 +125,7 @@ def read_chunks(storage: Storage, rel: str) -> Iterator[memoryview]:
     """The bytes of a file, streamed in chunks valid until the next one is requested."""
     reader = storage.open_reader(rel)
     try:
-        buffer = memoryview(bytearray(CHUNK))
+        buffer = memoryview(bytearray(WRITE_CHUNK_BYTES))
         while n := reader.readinto(buffer):
             yield buffer[:n]
     finally:
