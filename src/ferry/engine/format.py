@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -182,22 +183,69 @@ def unflatten(tree: object, arrays: Sequence[object]) -> Any:
             raise UnsafeCheckpointError(f"bad float literal {val!r} in manifest")
         return float(val)
     if tag in ("__tensor__", "__ndarray__"):
-        if not isinstance(val, int) or not 0 <= val < len(arrays):
-            raise UnsafeCheckpointError(f"manifest refers to missing tensor {val!r}")
+        if type(val) is not int or not 0 <= val < len(arrays):
+            raise UnsafeCheckpointError(f"manifest refers to missing tensor {_short(val)}")
         return arrays[val]
     if tag == "__npscalar__":
-        return np.dtype(_safe_np_dtype(val)).type(unflatten(tree["value"], arrays))
+        return np_scalar(val, unflatten(tree["value"], arrays))
     if tag == "__bytes__":
-        return base64.b64decode(val)
+        if not isinstance(val, str):
+            raise UnsafeCheckpointError(f"bytes in manifest are not base64 text: {_short(val)}")
+        return base64.b64decode(val, validate=True)
     if tag == "__dict__":
+        if not isinstance(val, list) or not all(isinstance(p, list) and len(p) == 2 for p in val):
+            raise UnsafeCheckpointError("a __dict__ in the manifest is not a list of [key, value] pairs")
         return {_hashable(unflatten(k, arrays)): unflatten(x, arrays) for k, x in val}
     if tag == "__tuple__":
+        if not isinstance(val, list):
+            raise UnsafeCheckpointError(f"a __tuple__ in the manifest is not a list: {_short(val)}")
         return tuple(unflatten(x, arrays) for x in val)
     if tag == "__dtype__":
         return torch_dtype(val)
     if tag == "__device__":
-        return torch.device(str(val))
+        return device(val)
     return unflatten(tree["state"], arrays)  # __stateful__: its state dict
+
+
+def _short(v: object) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+_DEVICE = re.compile(r"[a-z][a-z0-9_]{0,31}(:[0-9]{1,6})?")
+
+
+def device(name: object) -> torch.device:
+    """A device string of the manifest (``cpu``, ``cuda:1``) as a ``torch.device``."""
+    if not isinstance(name, str) or not _DEVICE.fullmatch(name):
+        raise UnsafeCheckpointError(f"bad device {_short(name)} in manifest")
+    try:
+        return torch.device(name)
+    except (RuntimeError, ValueError):
+        raise UnsafeCheckpointError(f"unknown device {name!r} in manifest") from None
+
+
+def np_scalar(name: object, value: object) -> np.generic:
+    """A numpy scalar of dtype ``name`` holding ``value``, which must be a value of that
+    dtype (a bool for bool, an integer in range for an integer type, a number for a float):
+    nothing is converted, wrapped around or rounded to infinity."""
+    dt = _safe_np_dtype(name)
+    if dt.kind == "b":
+        ok = isinstance(value, bool)
+    elif dt.kind in "iu":
+        info = np.iinfo(dt)
+        ok = type(value) is int and int(info.min) <= value <= int(info.max)
+    elif dt.kind == "f":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:  # complex scalars are not written (their item() is a Python complex)
+        ok = False
+    if not ok:
+        raise UnsafeCheckpointError(f"numpy scalar {_short(value)} does not fit dtype {dt.str}")
+    with np.errstate(over="raise"):
+        try:
+            return dt.type(value)  # type: ignore[no-any-return]
+        except (OverflowError, FloatingPointError):
+            raise UnsafeCheckpointError(f"numpy scalar {_short(value)} does not fit dtype {dt.str}") from None
 
 
 def _hashable(k: object) -> object:
@@ -206,14 +254,23 @@ def _hashable(k: object) -> object:
     return k
 
 
-def torch_dtype(name: str) -> torch.dtype:
+def torch_dtype(name: object) -> torch.dtype:
     try:
-        return TORCH_DTYPES[name]
+        return TORCH_DTYPES[name]  # type: ignore[index]
     except (KeyError, TypeError):
-        raise UnsafeCheckpointError(f"unknown tensor dtype {name!r} in manifest") from None
+        raise UnsafeCheckpointError(f"unknown tensor dtype {_short(name)} in manifest") from None
 
 
-def _safe_np_dtype(name: str) -> np.dtype[Any]:
+_NP_DTYPE = re.compile(r"[<>|=]?[biufc][0-9]{1,2}")
+
+
+def _safe_np_dtype(name: object) -> np.dtype[Any]:
+    """Only the short dtype strings numpy writes for numbers (``<f8``, ``|b1``): no
+    structured, sub-array, object or string dtypes, whatever ``np.dtype`` would accept."""
+    if not isinstance(name, str) or not _NP_DTYPE.fullmatch(name):
+        raise UnsafeCheckpointError(
+            f"unknown array dtype {_short(name)} in manifest: not a number type (<f8, |b1); refused"
+        )
     try:
         dt = np.dtype(name)
     except (TypeError, ValueError):
