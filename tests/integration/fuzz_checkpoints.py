@@ -12,9 +12,10 @@ time, so the one that did it is named. The last line of stdout is the summary (J
 
 Outcomes: ``equal`` (the state, bitwise), ``error`` (a FerryError, one line), ``other``
 (a consistent checkpoint of another state: only a manifest edited *with* its checksum
-recomputed can be one), ``ok`` (verify/inspect exited 0), ``refused`` (verify/inspect exited with a ferry error code);
-failures: ``exception`` (anything else), ``multiline``, ``hang``, ``crash``, ``wrong``
-(damage that loaded as other data), ``followed`` (a symlink or special file that was read).
+recomputed can be one), ``ok`` (verify/inspect exited 0), ``refused`` (verify/inspect
+exited with a ferry error code, one line); failures: ``exception`` (anything else),
+``multiline``, ``hang``, ``crash``, ``wrong`` (damage that loaded as other data),
+``followed`` (a symlink or special file that was read).
 """
 
 from __future__ import annotations
