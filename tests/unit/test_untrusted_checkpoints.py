@@ -204,3 +204,19 @@ def test_dcp_reads_only_files_the_manifest_lists_and_verified(tmp_path: Path) ->
     (bare / STEP1 / "dcp" / ".metadata").write_bytes(b"\x80\x04planted pickle")
     with pytest.raises(UnsafeCheckpointError, match="not listed"):
         check_listed(str(bare / STEP1 / "dcp"))
+
+
+@pytest.mark.parametrize(
+    "node",
+    [{"__stateful__": {"__dict__": "ab"}, "state": {}}, {"__tensor__": 0, "__dict__": [[1]]}],
+    ids=["stateful label not a string", "a tag with other keys"],
+)
+def test_tagged_objects_are_exactly_what_ferry_writes(tmp_path: Path, node: dict[str, Any]) -> None:
+    """What ``ferry inspect`` walks is what loading decodes: nothing hides beside a tag."""
+    from ferry.engine import read_manifest
+
+    root = tmp_path / "ck"
+    save(state(1.0), str(root), step=1)
+    craft(root / STEP1, lambda d: d["tree"].update(n=node))
+    with pytest.raises(UnsafeCheckpointError):
+        read_manifest(open_storage(str(root)), STEP1)

@@ -158,6 +158,8 @@ def layout(entries: list[TensorEntry], file: str = "data-0.bin") -> int:
 
 _TAGS = {"__float__", "__tensor__", "__ndarray__", "__npscalar__", "__bytes__", "__dict__",
          "__tuple__", "__dtype__", "__device__", "__stateful__"}  # fmt: skip
+_TAG_EXTRA = {"__npscalar__": ("value",), "__stateful__": ("state",)}
+"""The keys a tagged object has besides its tag; it has no others."""
 
 
 def unflatten(tree: object, arrays: Sequence[object]) -> Any:
@@ -177,6 +179,8 @@ def unflatten(tree: object, arrays: Sequence[object]) -> Any:
             f"checkpoint manifest uses unknown tag {tag!r}; ferry loads only plain values and "
             "tensors and never runs code from a checkpoint: this file was not written by ferry"
         )
+    if not set(tree) <= {tag, *_TAG_EXTRA.get(tag, ())}:  # what else reads the tree sees the same
+        raise UnsafeCheckpointError(f"a {tag} object in the manifest has other keys: {_short(sorted(tree))}")
     val = tree[tag]
     if tag == "__float__":
         if val not in ("nan", "inf", "-inf"):
@@ -204,7 +208,11 @@ def unflatten(tree: object, arrays: Sequence[object]) -> Any:
         return torch_dtype(val)
     if tag == "__device__":
         return device(val)
-    return unflatten(tree["state"], arrays)  # __stateful__: its state dict
+    if not isinstance(val, str):  # __stateful__: a type name, a label only
+        raise UnsafeCheckpointError(
+            f"a __stateful__ type name in the manifest is not a string: {_short(val)}"
+        )
+    return unflatten(tree["state"], arrays)  # its state dict
 
 
 def _short(v: object) -> str:
