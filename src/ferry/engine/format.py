@@ -153,18 +153,35 @@ def layout(entries: list[TensorEntry], file: str = "data-0.bin") -> int:
 # ---------------------------------------------------------------------------- decoding
 
 
-def torch_dtype(name: str) -> torch.dtype:
+def torch_dtype(name: object) -> torch.dtype:
     try:
-        return TORCH_DTYPES[name]
+        return TORCH_DTYPES[name]  # type: ignore[index]
     except (KeyError, TypeError):
-        raise UnsafeCheckpointError(f"unknown tensor dtype {name!r} in manifest") from None
+        raise UnsafeCheckpointError(f"unknown tensor dtype {wire.short(name)} in manifest") from None
 
 
-def _npscalar(name: str, value: object) -> object:
-    return np.dtype(safe_np_dtype(name)).type(value)
+def device(name: object) -> torch.device:
+    """A device string of the manifest (``cpu``, ``cuda:1``) as a ``torch.device``."""
+    checked = wire.check_device(name)
+    try:
+        return torch.device(checked)
+    except (RuntimeError, ValueError):
+        raise UnsafeCheckpointError(f"unknown device {checked!r} in manifest") from None
 
 
-TORCH_LEAVES = Leaves(dtype=torch_dtype, device=torch.device, npscalar=_npscalar)
+def np_scalar(name: object, value: object) -> np.generic:
+    """A numpy scalar of dtype ``name`` holding ``value``, checked to fit first."""
+    dt = wire.check_np_scalar(name, value)
+    with np.errstate(over="raise"):
+        try:
+            return dt.type(value)  # type: ignore[no-any-return]
+        except (OverflowError, FloatingPointError):
+            raise UnsafeCheckpointError(
+                f"numpy scalar {wire.short(value)} does not fit dtype {dt.str}"
+            ) from None
+
+
+TORCH_LEAVES = Leaves(dtype=torch_dtype, device=device, npscalar=np_scalar)
 """The leaves of a loaded tree: torch dtypes and devices, numpy scalars."""
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypedDict
 
@@ -20,6 +21,7 @@ from ferry.engine.wire import (
     FORMAT_NAME,
     FORMAT_VERSION,
     Leaves,
+    check_device,
     manifest_checksum,
     safe_np_dtype,
     torch_itemsize,
@@ -77,6 +79,26 @@ class Part(TypedDict):
     tensors: list[TensorRecord]
 
 
+MAX_DEPTH = 200
+"""How deep JSON may nest in a manifest: a state tree nested this deep is not a training
+state, and walking a deeper one could exhaust Python's stack anywhere it is used."""
+MAX_DIMS = 32
+"""The most dimensions a tensor may have (numpy's limit before 2.0)."""
+
+
+def check_depth(doc: object, where: str) -> None:
+    """Refuse JSON nested deeper than MAX_DEPTH, without recursion."""
+    todo: list[tuple[object, int]] = [(doc, 0)]
+    while todo:
+        node, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            raise _malformed(where, f"nests deeper than {MAX_DEPTH} levels")
+        if isinstance(node, dict):
+            todo.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            todo.extend((v, depth + 1) for v in node)
+
+
 def _malformed(where: str, why: str) -> CorruptCheckpointError:
     return CorruptCheckpointError(f"{where}: malformed manifest: {why}")
 
@@ -101,6 +123,7 @@ def parse_manifest(raw: object, where: str) -> Manifest:
     field's type, the file names, each tensor's place in its file, and the state tree."""
     if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
         raise UnsafeCheckpointError(f"{where} is not a ferry checkpoint manifest")
+    check_depth(raw, where)
     version = raw.get("version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise _malformed(where, f"version: expected an integer, got {version!r}")
@@ -118,12 +141,17 @@ def parse_manifest(raw: object, where: str) -> Manifest:
         raise _malformed(where, str(exc)) from None
     if manifest["step"] < 0 or manifest["world_size"] < 1:
         raise _malformed(where, f"step {manifest['step']}, world_size {manifest['world_size']}")
+    try:
+        time.strptime(manifest["created_iso"], "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        raise _malformed(where, f"created_iso {manifest['created_iso'][:40]!r} is not a UTC time") from None
     _check_body(manifest, manifest["files"], where)
     return manifest
 
 
 def parse_part(raw: object, files: Mapping[str, FileEntry], where: str) -> Part:
     """A rank's part, checked as a manifest's tree and tensors are, against ``files``."""
+    check_depth(raw, where)
     try:
         part = parse(raw, Part)
     except SchemaError as exc:
@@ -147,7 +175,8 @@ def check_files(files: Mapping[str, FileEntry], where: str) -> None:
     """Every name stays inside the checkpoint folder; every size is a size."""
     for file, meta in files.items():
         parts = file.split("/")
-        if file.startswith("/") or "\\" in file or any(p in ("", ".", "..") for p in parts):
+        bad = any(p in ("", ".", "..") or not p.isprintable() for p in parts)
+        if file.startswith("/") or "\\" in file or bad or len(file) > 4096:
             raise _malformed(where, f"file name {file!r} points outside the checkpoint folder")
         if meta["size"] < 0:
             raise _malformed(where, f"files.{file}.size: {meta['size']} is negative")
@@ -159,8 +188,11 @@ def check_tensors(tensors: list[TensorRecord], files: Mapping[str, FileEntry], w
         if e["file"] not in files:
             raise _malformed(where, f"tensor {i} names no file of the checkpoint")
         shape, offset, nbytes = e["shape"], e["offset"], e["nbytes"]
-        if any(s < 0 for s in shape):
-            raise _malformed(where, f"tensor {i} has shape {shape!r}")
+        # Every dimension counted as at least 1: an empty tensor of shape (2**40, 2**40, 0)
+        # is as impossible to make as a full one.
+        if len(shape) > MAX_DIMS or any(s < 0 for s in shape) or math.prod(max(s, 1) for s in shape) >= 2**62:
+            raise _malformed(where, f"tensor {i} has shape {shape!r}"[:200])
+        check_device(e["device"])  # informational, but printed and compared: a device string
         if offset < 0 or nbytes < 0:
             raise _malformed(where, f"tensor {i} has offset {offset!r}, nbytes {nbytes!r}")
         numpy = e["kind"] == "numpy"
@@ -181,9 +213,18 @@ def decode_tree(doc: Manifest | Part, arrays: Sequence[object], where: str, leav
         return unflatten(doc["tree"], arrays, leaves)
     except CorruptCheckpointError:
         raise
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError) as exc:
+    except (
+        KeyError,
+        TypeError,
+        ValueError,
+        IndexError,
+        AttributeError,
+        RecursionError,
+        OverflowError,
+    ) as exc:
+        first = (str(exc).splitlines() or [""])[0][:200]
         raise CorruptCheckpointError(
-            f"{where}: malformed manifest tree ({type(exc).__name__}: {exc})"
+            f"{where}: malformed manifest tree ({type(exc).__name__}: {first})"
         ) from exc
 
 

@@ -136,11 +136,20 @@ def plan_file(
     batch: list[int] = []
     batch_start = 0
 
+    scratch: list[memoryview] = []
+
     def skip_to(upto: int) -> None:
+        # Padding goes to two scratch buffers in turn (the previous piece may still be
+        # hashed while the next is read): a file with a big gap costs no more memory.
         nonlocal pos
-        while pos < upto:  # fresh scratch each time: the previous piece may still be hashed
+        while pos < upto:
             n = min(CHUNK, upto - pos)
-            plan.pieces.append(memoryview(bytearray(n)))
+            if n <= ALIGN:  # alignment padding: a few bytes of its own
+                plan.pieces.append(memoryview(bytearray(n)))
+            else:
+                if not scratch:
+                    scratch.extend(memoryview(bytearray(CHUNK)) for _ in range(2))
+                plan.pieces.append(scratch[len(plan.pieces) % 2][:n])
             pos += n
 
     def add(view: memoryview) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ferry.engine.format import DTYPE_NAMES, TORCH_LEAVES, is_stateful, safe_np_dtype, torch_dtype
-from ferry.engine.integrity import chunks, stream_file
+from ferry.engine.integrity import chunks, open_checked, stream_file
 from ferry.engine.integrity import read_manifest as read_manifest
 from ferry.engine.integrity import verify as verify
 from ferry.engine.manifest import FileEntry, Manifest, TensorRecord, decode_tree
@@ -46,8 +46,14 @@ def read_file(
 ) -> torch.Tensor:
     """Read one data file into one host buffer (``into``, or a new one), verified."""
     size = int(meta["size"])
-    buf = into if into is not None else torch.empty(size, dtype=torch.uint8)
-    stream_file(storage, name, file, meta, chunks(byte_view(buf)[:size] if size else memoryview(b"")))
+    reader = open_checked(storage, name, file, meta)
+    try:
+        buf = into if into is not None else torch.empty(size, dtype=torch.uint8)
+    except BaseException:
+        reader.close()
+        raise
+    dests = chunks(byte_view(buf)[:size] if size else memoryview(b""))
+    stream_file(storage, name, file, meta, dests, reader=reader)
     return buf
 
 
@@ -137,9 +143,14 @@ def read_arrays(
     owners: dict[int, Owner] = {}
     values: dict[int, torch.Tensor] = {}
     for file, meta in files.items():
-        plan = plan_file(entries, file, int(meta["size"]), targets, bounce)
+        reader = open_checked(storage, name, file, meta)  # before planning allocates
+        try:
+            plan = plan_file(entries, file, int(meta["size"]), targets, bounce)
+        except BaseException:
+            reader.close()
+            raise
         live = any(entries[i]["file"] == file for i in targets)
-        stream_file(storage, name, file, meta, plan.pieces, live=live, filled=plan.filled)
+        stream_file(storage, name, file, meta, plan.pieces, live=live, filled=plan.filled, reader=reader)
         owners.update(plan.owners)
         values.update(plan.values)
     arrays: list[Any] = []

@@ -71,6 +71,8 @@ def load(
     for cand in candidates:
         try:
             loaded = load_one(storage, cand, target_device, into=into)
+            if into is not None:  # a state that does not fit the live objects: the next one
+                apply_state(into, loaded.state)
         except CorruptCheckpointError as exc:
             if not fallback or name is not None:
                 raise
@@ -84,7 +86,5 @@ def load(
                 loaded.step,
                 len(errors),
             )
-        if into is not None:
-            apply_state(into, loaded.state)
         return loaded
     raise CorruptCheckpointError(f"every checkpoint under {url} is damaged: {errors[0]}")

@@ -4,15 +4,28 @@ Each sharded model is saved together with the optimizers that train it, as DCP s
 dicts, into the ``dcp/`` folder of the checkpoint being staged; every rank writes its own
 shards and rank 0 DCP's ``.metadata``. DCP reshards on load, so such a checkpoint can be
 restored on another number of ranks. All calls are collectives on the training thread.
+
+DCP's ``.metadata`` is a pickle, and DCP unpickles the non-tensor values of an optimizer's
+state (``torch.load(weights_only=False)``): loading them runs whatever code they name.
+Ferry's own format never does (docs/format.md, "Threat model"); for sharded state ferry
+only makes sure that DCP reads nothing but the files the manifest lists, each a regular
+file that has just been verified against the manifest's checksum. That catches damage,
+not an attacker, who can recompute an xxh3: a sharded checkpoint must come from a source
+as trusted as the code that trains from it.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any
 
 import torch
 from torch import nn
+
+from ferry.engine.catalog import split_url
+from ferry.engine.reader import read_manifest
+from ferry.errors import CorruptCheckpointError, FerryError, UnsafeCheckpointError
 
 DCP_DIR = "dcp"
 
@@ -68,12 +81,52 @@ def save(sharded: dict[str, tuple[nn.Module, list[Any]]], path: str) -> dict[str
     return with_optim
 
 
+def check_listed(path: str) -> None:
+    """Refuse a DCP folder (``path``, the ``dcp/`` of a checkpoint) holding anything the
+    checkpoint's manifest does not list (so was not verified when the checkpoint was
+    read), or anything that is not a regular file: DCP would follow a link, block on a
+    FIFO, and unpickle a ``.metadata`` planted beside the listed files."""
+    storage, name = split_url(os.path.dirname(path.rstrip("/")))
+    if name is None:
+        raise UnsafeCheckpointError(f"{path} is not the sharded state of a committed checkpoint; refused")
+    prefix = f"{DCP_DIR}/"
+    listed = {f.removeprefix(prefix) for f in read_manifest(storage, name)["files"] if f.startswith(prefix)}
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            raise UnsafeCheckpointError(f"{path} is not a folder (a link?); refused")
+        entries = list(os.scandir(path))
+    except FileNotFoundError as exc:
+        raise CorruptCheckpointError(f"{path} is missing: the checkpoint has no sharded state") from exc
+    except OSError as exc:
+        raise CorruptCheckpointError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    if ".metadata" not in listed:
+        raise UnsafeCheckpointError(f"{path}/.metadata is not listed in the manifest; refused")
+    for entry in entries:
+        if entry.name not in listed or not entry.is_file(follow_symlinks=False):
+            raise UnsafeCheckpointError(
+                f"{path}/{entry.name} is not a file the manifest lists and verified; refused, since "
+                "torch.distributed.checkpoint would read it: resume from another checkpoint"
+            )
+
+
 def load(sharded: dict[str, tuple[nn.Module, list[Any]]], path: str, with_optim: dict[str, bool]) -> None:
+    """Load the sharded models of the checkpoint whose DCP folder is ``path``; the
+    checkpoint has been read (its files verified) already."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
+    check_listed(path)
     state = _state(sharded, with_optim)
-    dcp.load(state, checkpoint_id=path)  # type: ignore[attr-defined]
+    try:
+        dcp.load(state, checkpoint_id=path)  # type: ignore[attr-defined]
+    except FerryError:
+        raise
+    except Exception as exc:  # every rank gets it: DCP gathers the failures of all
+        why = " ".join(str(exc).split())[:300]
+        raise CorruptCheckpointError(
+            f"{path}: torch.distributed.checkpoint could not load the sharded state ({type(exc).__name__}: "
+            f"{why}); resume from another checkpoint"
+        ) from exc
     for name, (model, opts) in sharded.items():
         optim = state[name].get("optim")
         set_state_dict(

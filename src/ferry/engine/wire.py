@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import base64
 import json
+import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,16 +38,31 @@ against torch). A name this torch lacks is refused when loading, by format.torch
 NUMPY_KINDS = set("biufc")  # bool, int, uint, float, complex: no object or void dtypes
 
 
-def torch_itemsize(name: str) -> int:
+def short(v: object) -> str:
+    """A value of the manifest, cut short for a one-line message."""
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def torch_itemsize(name: object) -> int:
     try:
-        return TORCH_ITEMSIZES[name]
+        return TORCH_ITEMSIZES[name]  # type: ignore[index]
     except (KeyError, TypeError):
-        raise UnsafeCheckpointError(f"unknown tensor dtype {name!r} in manifest") from None
+        raise UnsafeCheckpointError(f"unknown tensor dtype {short(name)} in manifest") from None
 
 
-def safe_np_dtype(name: str) -> np.dtype[Any]:
+_NP_DTYPE = re.compile(r"[<>|=]?[biufc][0-9]{1,2}")
+
+
+def safe_np_dtype(name: object) -> np.dtype[Any]:
+    """Only the short dtype strings numpy writes for numbers (``<f8``, ``|b1``): no
+    structured, sub-array, object or string dtypes, whatever ``np.dtype`` would accept."""
     import numpy as np  # only manifests with numpy arrays or scalars need it
 
+    if not isinstance(name, str) or not _NP_DTYPE.fullmatch(name):
+        raise UnsafeCheckpointError(
+            f"unknown array dtype {short(name)} in manifest: not a number type (<f8, |b1); refused"
+        )
     try:
         dt = np.dtype(name)
     except (TypeError, ValueError):
@@ -61,25 +78,60 @@ class Leaves:
     (names stay names): a manifest is checked whole without torch; loading decodes them
     into torch dtypes and devices and numpy scalars (format.TORCH_LEAVES)."""
 
-    dtype: Callable[[str], object]
-    device: Callable[[str], object]
-    npscalar: Callable[[str, object], object]
+    dtype: Callable[[object], object]
+    device: Callable[[object], object]
+    npscalar: Callable[[object, object], object]
 
 
-def _check_dtype(name: str) -> object:
+def _check_dtype(name: object) -> object:
     torch_itemsize(name)
     return name
 
 
-def _check_npscalar(name: str, value: object) -> object:
-    safe_np_dtype(name)
+_DEVICE = re.compile(r"[a-z][a-z0-9_]{0,31}(:[0-9]{1,6})?")
+
+
+def check_device(name: object) -> str:
+    """A device string of the manifest (``cpu``, ``cuda:1``), checked for its form."""
+    if not isinstance(name, str) or not _DEVICE.fullmatch(name):
+        raise UnsafeCheckpointError(f"bad device {short(name)} in manifest")
+    return name
+
+
+def check_np_scalar(name: object, value: object) -> np.dtype[Any]:
+    """The dtype of a numpy scalar of the manifest, once ``value`` is checked to be a value of
+    it (a bool for bool, an integer in range for an integer type, a number for a float):
+    nothing is converted, wrapped around or rounded to infinity when it is made."""
+    import numpy as np
+
+    dt = safe_np_dtype(name)
+    if dt.kind == "b":
+        ok = isinstance(value, bool)
+    elif dt.kind in "iu":
+        info = np.iinfo(dt)
+        ok = type(value) is int and int(info.min) <= value <= int(info.max)
+    elif dt.kind == "f":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok and math.isfinite(float(value)):  # type: ignore[arg-type]
+            ok = abs(float(value)) <= float(np.finfo(dt).max)  # type: ignore[arg-type]
+    else:  # complex scalars are not written (their item() is a Python complex)
+        ok = False
+    if not ok:
+        raise UnsafeCheckpointError(f"numpy scalar {short(value)} does not fit dtype {dt.str}")
+    return dt
+
+
+def _check_npscalar(name: object, value: object) -> object:
+    check_np_scalar(name, value)
     return value
 
 
-CHECK = Leaves(dtype=_check_dtype, device=str, npscalar=_check_npscalar)
+CHECK = Leaves(dtype=_check_dtype, device=check_device, npscalar=_check_npscalar)
 
 _TAGS = {"__float__", "__tensor__", "__ndarray__", "__npscalar__", "__bytes__", "__dict__",
          "__tuple__", "__dtype__", "__device__", "__stateful__"}  # fmt: skip
+_TAG_EXTRA = {"__npscalar__": ("value",), "__stateful__": ("state",)}
+"""The keys a tagged object has besides its tag; it has no others."""
 
 
 def unflatten(tree: object, arrays: Sequence[object], leaves: Leaves = CHECK) -> Any:
@@ -99,28 +151,41 @@ def unflatten(tree: object, arrays: Sequence[object], leaves: Leaves = CHECK) ->
             f"checkpoint manifest uses unknown tag {tag!r}; ferry loads only plain values and "
             "tensors and never runs code from a checkpoint: this file was not written by ferry"
         )
+    if not set(tree) <= {tag, *_TAG_EXTRA.get(tag, ())}:  # what else reads the tree sees the same
+        raise UnsafeCheckpointError(f"a {tag} object in the manifest has other keys: {short(sorted(tree))}")
     val = tree[tag]
     if tag == "__float__":
         if val not in ("nan", "inf", "-inf"):
             raise UnsafeCheckpointError(f"bad float literal {val!r} in manifest")
         return float(val)
     if tag in ("__tensor__", "__ndarray__"):
-        if not isinstance(val, int) or not 0 <= val < len(arrays):
-            raise UnsafeCheckpointError(f"manifest refers to missing tensor {val!r}")
+        if type(val) is not int or not 0 <= val < len(arrays):
+            raise UnsafeCheckpointError(f"manifest refers to missing tensor {short(val)}")
         return arrays[val]
     if tag == "__npscalar__":
         return leaves.npscalar(val, unflatten(tree["value"], arrays, leaves))
     if tag == "__bytes__":
-        return base64.b64decode(val)
+        if not isinstance(val, str):
+            raise UnsafeCheckpointError(f"bytes in manifest are not base64 text: {short(val)}")
+        try:
+            return base64.b64decode(val, validate=True)
+        except ValueError:
+            raise UnsafeCheckpointError(f"bytes in manifest are not base64 text: {short(val)}") from None
     if tag == "__dict__":
+        if not isinstance(val, list) or not all(isinstance(p, list) and len(p) == 2 for p in val):
+            raise UnsafeCheckpointError("a __dict__ in the manifest is not a list of [key, value] pairs")
         return {_hashable(unflatten(k, arrays, leaves)): unflatten(x, arrays, leaves) for k, x in val}
     if tag == "__tuple__":
+        if not isinstance(val, list):
+            raise UnsafeCheckpointError(f"a __tuple__ in the manifest is not a list: {short(val)}")
         return tuple(unflatten(x, arrays, leaves) for x in val)
     if tag == "__dtype__":
         return leaves.dtype(val)
     if tag == "__device__":
-        return leaves.device(str(val))
-    return unflatten(tree["state"], arrays, leaves)  # __stateful__: its state dict
+        return leaves.device(val)
+    if not isinstance(val, str):  # __stateful__: a type name, a label only
+        raise UnsafeCheckpointError(f"a __stateful__ type name in the manifest is not a string: {short(val)}")
+    return unflatten(tree["state"], arrays, leaves)  # its state dict
 
 
 def _hashable(k: object) -> object:

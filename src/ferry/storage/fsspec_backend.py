@@ -117,6 +117,7 @@ class FsspecWriter:
 
 class FsspecReader:
     def __init__(self, fs: Any, path: str) -> None:
+        self.path = path
         self._f: Any = fs.open(path, "rb")
 
     def readinto(self, buffer: memoryview) -> int:
@@ -125,7 +126,14 @@ class FsspecReader:
                 return int(self._f.readinto(buffer))
             except (NotImplementedError, AttributeError, TypeError):
                 pass
-        data = self._f.read(len(buffer))
+            except Exception as exc:  # the server or client failed: not the checkpoint's fault
+                raise StorageError(f"cannot read {self.path}: {exc}") from exc
+        try:
+            data = self._f.read(len(buffer))
+        except Exception as exc:
+            raise StorageError(f"cannot read {self.path}: {exc}") from exc
+        if len(data) > len(buffer):  # a server that sends more than was asked for
+            raise StorageError(f"cannot read {self.path}: the backend returned more bytes than asked")
         buffer[: len(data)] = data
         return len(data)
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 
-from ferry.errors import StorageError
+from ferry.errors import StorageError, UnsafeCheckpointError
 
 
 def storage_error(exc: OSError, what: str) -> StorageError:
@@ -104,7 +105,11 @@ class LocalStorage:
         return os.path.exists(self._p(rel))
 
     def size(self, rel: str) -> int:
-        return os.path.getsize(self._p(rel))
+        fd = self._open_inside(rel)
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
 
     def makedirs(self, rel: str) -> None:
         try:
@@ -116,11 +121,48 @@ class LocalStorage:
         return LocalWriter(self._p(rel))
 
     def open_reader(self, rel: str) -> LocalReader:
-        return LocalReader(self._p(rel))
+        return LocalReader(self._open_inside(rel))
 
     def read_bytes(self, rel: str) -> bytes:
-        with open(self._p(rel), "rb") as f:
-            return f.read()
+        with open(self._open_inside(rel), "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            data = bytearray(size)
+            got = 0
+            while got < size and (n := f.readinto(memoryview(data)[got:])):
+                got += n
+            return bytes(data[:got])
+
+    def _open_inside(self, rel: str) -> int:
+        """A read-only descriptor of the regular file ``rel``, reached from the root without
+        following a symbolic link at any step below it (the root itself is the user's
+        choice and may be one): a checkpoint may come from anywhere, and a link in it could
+        point at any file of this machine. A FIFO, device or socket is refused before it is
+        opened (opening one can block or have effects); the type is checked again on the
+        open descriptor, so a swap in between is caught too. FileNotFoundError when absent."""
+        parts = [p for p in rel.split("/") if p]
+        if not parts or any(p in (".", "..") or "\0" in p for p in parts):
+            raise UnsafeCheckpointError(f"{self._p(rel)}: not a path inside {self.root}; refused")
+        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+        try:
+            fd = os.open(self.root, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY)
+        except NotADirectoryError as exc:
+            raise FileNotFoundError(self._p(rel)) from exc
+        try:
+            for i, part in enumerate(parts):
+                last = i == len(parts) - 1
+                mode = os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode
+                if not (stat.S_ISREG(mode) if last else stat.S_ISDIR(mode)):
+                    raise _refused(self._p("/".join(parts[: i + 1])), mode, last)
+                child = os.open(part, flags | (os.O_NONBLOCK if last else os.O_DIRECTORY), dir_fd=fd)
+                os.close(fd)
+                fd = child
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise _refused(self._p(rel), mode, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def write_bytes(self, rel: str, data: bytes) -> None:
         w = self.open_writer(rel)
@@ -142,9 +184,25 @@ class LocalStorage:
             os.unlink(path)
 
 
+def _refused(path: str, mode: int, want_file: bool) -> UnsafeCheckpointError:
+    if stat.S_ISLNK(mode):
+        what = "a symbolic link"
+    elif stat.S_ISDIR(mode):
+        what = "a folder"
+    elif stat.S_ISREG(mode):
+        what = "a file"
+    else:
+        what = "a special file (FIFO, device or socket)"
+    want = "regular files" if want_file else "real folders"
+    return UnsafeCheckpointError(
+        f"{path} is {what}; ferry reads only {want} inside a checkpoint root and never follows "
+        "links out of it: replace it with the real file, or load another checkpoint"
+    )
+
+
 class LocalReader:
-    def __init__(self, path: str) -> None:
-        self._f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by close()
+    def __init__(self, fd: int) -> None:
+        self._f = open(fd, "rb", buffering=0)  # noqa: SIM115 - closed by close()
 
     def readinto(self, buffer: memoryview) -> int:
         return self._f.readinto(buffer) or 0
