@@ -19,7 +19,7 @@ from click.testing import CliRunner, Result
 from ferry.cli import main
 from ferry.runtime.jobdir import JobDir
 
-from trainrun import assert_same, env_for, train_command, wait_for
+from trainrun import assert_same, env_for, stderr_of, train_command, wait_for
 from trainrun import job_status as status
 
 pytestmark = pytest.mark.integration
@@ -122,32 +122,37 @@ def test_a_request_from_another_user_is_refused(open_home: Path, tmp_path: Path,
     release = tmp_path / "planted"
     command = train_command(out, "--sleep", "0.05", "--hold-at", "5", "--release", str(release))
     proc = start(home, "u", tmp_path / "ck", command)
-    wait_for("training to start", training(path, min_step=0), proc)
+    try:
+        wait_for("training to start", training(path, min_step=0), proc)
 
-    # The job directory is 0700: the other user's ferry cannot even see the job.
-    assert (path.stat().st_mode & 0o777) == 0o700 and ((path / "control").stat().st_mode & 0o777) == 0o700
-    refused = as_nobody(home, *FERRY, "checkpoint", "u", "--wait", "--timeout", "10")
-    assert refused.returncode == 8, refused
-    assert "ferry: error: permission denied" in refused.stderr and "own user" in refused.stderr
-    assert len(refused.stderr.strip().splitlines()) == 1
+        # The job directory is 0700: the other user's ferry cannot even see the job.
+        assert (path.stat().st_mode & 0o777) == 0o700 and ((path / "control").stat().st_mode & 0o777) == 0o700
+        refused = as_nobody(home, *FERRY, "checkpoint", "u", "--wait", "--timeout", "10")
+        assert refused.returncode == 8, refused
+        assert "ferry: error: permission denied" in refused.stderr and "own user" in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
 
-    # Checked, not assumed: with the directories opened up by mistake, the worker itself
-    # refuses the request by its file's owner and answers why.
-    for p in (home / "jobs", path, path / "control"):
-        p.chmod(0o777)
-    planted = as_nobody(
-        home, sys.executable, "-c",
-        "import sys; from ferry.runtime.control import submit; from ferry.runtime.jobdir import JobDir;"
-        f"print(submit(JobDir.open({str(path)!r}), 'stop'))",
-    )  # fmt: skip
-    assert planted.returncode == 0, planted.stderr
-    rid = planted.stdout.strip()
-    release.touch()
-    answer = path / "control" / f"resp-{rid}.json"
-    wait_for("the worker's answer", answer.exists, proc)
-    doc = json.loads(answer.read_text())
-    assert doc["ok"] is False and "refused: request owned by uid 65534" in doc["error"], doc
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err  # it was not stopped, and not checkpointed
-    assert JobDir(str(path)).status().get("checkpoints", []) == []
-    assert_same(reference, out)
+        # Checked, not assumed: with the directories opened up by mistake, the worker itself
+        # refuses the request by its file's owner and answers why.
+        for p in (home / "jobs", path, path / "control"):
+            p.chmod(0o777)
+        planted = as_nobody(
+            home, sys.executable, "-c",
+            "import sys; from ferry.runtime.control import submit; from ferry.runtime.jobdir import JobDir;"
+            f"print(submit(JobDir.open({str(path)!r}), 'stop'))",
+        )  # fmt: skip
+        assert planted.returncode == 0, planted.stderr
+        rid = planted.stdout.strip()
+        release.touch()
+        answer = path / "control" / f"resp-{rid}.json"
+        wait_for("the worker's answer", answer.exists, proc)
+        doc = json.loads(answer.read_text())
+        assert doc["ok"] is False and "refused: request owned by uid 65534" in doc["error"], doc
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err  # it was not stopped, and not checkpointed
+        assert JobDir(str(path)).status().get("checkpoints", []) == []
+        assert_same(reference, out)
+    finally:  # a failed check must not leave the worker held
+        release.touch()
+        if proc.poll() is None:
+            stderr_of(proc)
