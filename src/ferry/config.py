@@ -165,6 +165,11 @@ class Config:
             if raw is None:
                 continue
             values[f.name] = _parse(f.name, str(f.type), raw)
+            if f.name in LIMITS and values[f.name] is not None:  # the message names the variable
+                try:
+                    LIMITS[f.name].check(f.name, values[f.name])
+                except ConfigError as exc:
+                    raise ConfigError(f"FERRY_{f.name.upper()}={raw}: {exc}") from None
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(overrides) - known)
         if unknown:

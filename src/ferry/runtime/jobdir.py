@@ -203,7 +203,8 @@ class JobDir:
             self._lock_fd = None
 
     def update_status(self, state: str, **fields: object) -> None:
-        assert state in STATES, state
+        if state not in STATES:
+            raise JobError(f"unknown job state {state!r}; the states are: {', '.join(STATES)}")
         if not self.writer:
             return
         with self._mutex:
