@@ -10,7 +10,7 @@ import click
 
 from ferry.cli.jobs import EPILOG
 from ferry.cli.output import emit_json, json_option
-from ferry.cli.params import COUNT, POSITIVE_SECONDS, SECONDS
+from ferry.cli.params import POSITIVE_SECONDS, SECONDS
 from ferry.errors import ConfigError
 from ferry.knobs import GRACE_SECONDS, REQUEST_TIMEOUT_SECONDS
 from ferry.ops import migrate as ops
@@ -105,7 +105,7 @@ def export_cmd(job: str, dest_url: str, timeout: float, as_json: bool) -> None:
     help="Checkpoint root of the new job; the checkpoint is copied there. [default: ./ferry-checkpoints/ID]",
 )
 @click.option(
-    "--restarts", type=COUNT, default=0, show_default=True, help="In-place restarts allowed (migrate)."
+    "--restarts", type=int, default=0, show_default=True, help="In-place restarts allowed (migrate)."
 )
 @click.option(
     "--grace", type=SECONDS, default=GRACE_SECONDS, show_default=True, metavar="S", help="As for ferry run."

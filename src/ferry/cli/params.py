@@ -1,6 +1,8 @@
 """Click parameter types shared by the commands: numbers are parsed with their limits at the
 edge, so that ``nan``, ``inf``, negative and absurd values end in a usage error (exit 2)
-naming the option, never in a setting that silently turns something off."""
+naming the option, never in a setting that silently turns something off. Whole numbers
+stay ``int``: they cannot be NaN, and the settings' own checks (``Config``, ``RunOptions``)
+give their ranges with the reason."""
 
 from __future__ import annotations
 
@@ -39,7 +41,3 @@ SECONDS = Seconds()
 """Zero or more seconds (0 has a meaning of its own where it is accepted, e.g. --grace 0)."""
 POSITIVE_SECONDS = Seconds(above=True)
 """More than zero seconds."""
-COUNT = click.IntRange(min=0, max=1_000_000)
-"""A number of restarts or failures."""
-STEPS = click.IntRange(min=1, max=2**53)
-"""A number of steps or of checkpoints."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ferry.cli.params import COUNT, POSITIVE_SECONDS, SECONDS, STEPS
+from ferry.cli.params import POSITIVE_SECONDS, SECONDS
 from ferry.errors import ConfigError
 from ferry.knobs import (
     BACKOFF_CAP_SECONDS,
@@ -62,12 +62,12 @@ The job directory layout and the restart rules: docs/jobs.md.""",
     help="Checkpoint root, a path or an fsspec URL (s3://, root://).  [default: ./ferry-checkpoints/JOB_ID]",
 )
 @click.option("--job-id", metavar="ID", help="The job's id; names its job directory.  [default: HOST-PID]")
-@click.option("--every-steps", type=STEPS, metavar="N", help="Also checkpoint every N training steps.")
+@click.option("--every-steps", type=int, metavar="N", help="Also checkpoint every N training steps.")
 @click.option("--every-seconds", type=POSITIVE_SECONDS, metavar="S", help="Also checkpoint every S seconds.")
-@click.option("--keep-last", type=STEPS, metavar="N", help="Committed checkpoints to keep.  [default: 3]")
+@click.option("--keep-last", type=int, metavar="N", help="Committed checkpoints to keep.  [default: 3]")
 @click.option(
     "--exit-code",
-    type=click.IntRange(1, 255),
+    type=int,
     default=CHECKPOINT_EXIT_CODE,
     show_default=True,
     help='The "checkpointed, resume me" exit status, of the worker and of ferry run.',
@@ -82,14 +82,14 @@ The job directory layout and the restart rules: docs/jobs.md.""",
 )
 @click.option(
     "--restarts",
-    type=COUNT,
+    type=int,
     default=0,
     show_default=True,
     help="In-place restarts allowed (a `restart` control request, e.g. to change CUDA_VISIBLE_DEVICES).",
 )
 @click.option(
     "--max-failures",
-    type=COUNT,
+    type=int,
     default=0,
     show_default=True,
     help="Restart a crashed command from its last checkpoint up to this many times.",
