@@ -340,14 +340,6 @@ def test_run_options_refuse_hostile_numbers(name: str, value: str) -> None:
     assert name in str(info.value)
 
 
-@pytest.mark.parametrize("key", ["FERRY_DIR", "FERRY_JOB_ID", "FERRY_EXIT_CODE"])
-def test_run_options_refuse_env_the_supervisor_overrides(key: str) -> None:
-    from ferry.supervisor import RunOptions
-
-    with pytest.raises(ConfigError, match=f"--env {key}=... would be overridden"):
-        RunOptions(env={key: "x"})
-
-
 CLI_BAD = [
     ["--backoff", "nan"],
     ["--backoff", "-1"],
@@ -363,6 +355,8 @@ CLI_BAD = [
     ["--exit-code", "300"],
     ["--dir", "foo://x"],
     ["--env", "FERRY_DIR=/elsewhere"],
+    ["--env", "FERRY_JOB_ID=other"],
+    ["--env", "FERRY_EXIT_CODE=3"],
 ]
 
 

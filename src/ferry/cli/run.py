@@ -14,6 +14,7 @@ from ferry.knobs import (
     GRACE_SECONDS,
 )
 from ferry.supervisor import RunOptions, Supervisor
+from ferry.supervisor.options import SUPERVISOR_OWNED
 
 
 def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -22,6 +23,11 @@ def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
         key, eq, value = pair.partition("=")
         if not eq:
             raise ConfigError(f"--env {pair!r} is not NAME=VALUE")
+        if key in SUPERVISOR_OWNED:
+            raise ConfigError(
+                f"--env {key}=... would be overridden by ferry run, which sets it for the "
+                f"worker; use {SUPERVISOR_OWNED[key]} instead"
+            )
         env[key] = value
     return env
 

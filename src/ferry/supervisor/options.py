@@ -31,7 +31,8 @@ SUPERVISOR_OWNED = {
     "FERRY_STOP_SIGNALS": "the stop signals ferry run forwards",
 }
 """Worker settings the supervisor relies on and sets itself (``worker._FROM_SUPERVISOR``):
-given through ``--env`` they would be silently overridden, so they are refused."""
+given through ``ferry run --env`` they would be silently overridden, so the CLI refuses them
+(a bundle's environment, replayed by ``ferry resume``, may hold them: they are overridden)."""
 GRACE = Limits(low=0.0, high=MAX_SECONDS, above=True, hint=" (a year; None: never SIGKILL)")
 
 
@@ -92,11 +93,6 @@ class RunOptions:
         for key in self.env:
             if not key or "=" in key:
                 raise ConfigError(f"environment variable name {key!r} is empty or holds '='")
-            if key in SUPERVISOR_OWNED:
-                raise ConfigError(
-                    f"--env {key}=... would be overridden by ferry run, which sets it for the "
-                    f"worker; use {SUPERVISOR_OWNED[key]} instead"
-                )
         # The worker's own checks, with the worker's messages, before anything starts.
         self.worker_config()
 
