@@ -7,6 +7,7 @@ its options to the worker.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 from collections.abc import Iterable
@@ -15,6 +16,70 @@ from typing import Any
 
 from ferry.errors import ConfigError
 from ferry.knobs import CHECKPOINT_EXIT_CODE, FAILURE_EXIT_CODE
+
+MAX_SECONDS = 366 * 24 * 3600.0
+"""The longest duration any setting accepts (a year). A longer one is a typo or an overflow,
+and a wait that long overflows the timeouts of threads and selectors."""
+MAX_COUNT = 2**53
+"""The largest step count or number of checkpoints: JSON numbers stay exact below it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """The range of one numeric setting: a finite number in [low, high], ``low`` itself
+    excluded when ``above``; ``whole`` for counts."""
+
+    low: float
+    high: int | float
+    above: bool = False
+    whole: bool = False
+    hint: str = ""
+    """What the setting means at its edge, for the message."""
+
+    def check(self, name: str, value: object) -> None:
+        """ConfigError naming ``name``, the bad ``value`` and the range, unless it fits.
+        NaN fails every comparison, so it is refused explicitly rather than let through."""
+        kind = "a whole number" if self.whole else "a number"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{name} must be {kind}, got {value!r}")
+        if self.whole and not isinstance(value, int):
+            raise ConfigError(f"{name} must be {kind}, got {value!r}")
+        low_ok = value > self.low if self.above else value >= self.low
+        if not (math.isfinite(value) and low_ok and value <= self.high):
+            bound = f"> {self.low:g}" if self.above else f">= {self.low:g}"
+            high = f"{self.high:.15g}"
+            raise ConfigError(f"{name} must be {bound} and at most {high}{self.hint}, got {value!r}")
+
+
+def check_url(name: str, url: str) -> None:
+    """ConfigError for an empty location or a URL whose scheme no storage backend knows:
+    found before any worker starts, not at its first save."""
+    from ferry.storage import BACKENDS, scheme  # here: config must load without the storage
+
+    if not url or "\0" in url:
+        raise ConfigError(f"{name} {url!r} is not a path or URL: name a folder, e.g. ./ferry-checkpoints")
+    proto = scheme(url)
+    if proto in BACKENDS:
+        return
+    import fsspec
+
+    if proto not in fsspec.available_protocols():
+        raise ConfigError(
+            f"{name} {url!r}: no storage backend knows the scheme {proto!r}:// ; use a local "
+            "path or an fsspec URL (file://, s3://, gs://, root://, memory://, ...)"
+        )
+
+
+SECONDS = Limits(low=0.0, high=MAX_SECONDS, above=True, hint=" (a year)")
+LIMITS: dict[str, Limits] = {
+    "every_steps": Limits(low=1, high=MAX_COUNT, whole=True),
+    "every_seconds": SECONDS,
+    "keep_last": Limits(low=1, high=MAX_COUNT, whole=True, hint=" (>= 1 keeps the last good checkpoint)"),
+    "keep_every": Limits(low=0, high=MAX_COUNT, above=True, whole=True, hint=" (or unset)"),
+    "grace_seconds": Limits(low=0.0, high=MAX_SECONDS, above=True, hint=" (a year; or unset)"),
+    "control_poll_seconds": Limits(low=0.0, high=3600.0, above=True, hint=" (an hour)"),
+}
+"""Every numeric field of ``Config`` and its range (the exit codes have checks of their own)."""
 
 
 @dataclass(kw_only=True)
@@ -61,18 +126,18 @@ class Config:
     reading the durable one back from storage. `ferry run` sets it under /dev/shm."""
 
     def __post_init__(self) -> None:
-        if self.every_steps is not None and self.every_steps < 1:
-            raise ConfigError(f"every_steps must be >= 1, got {self.every_steps}")
-        if self.every_seconds is not None and self.every_seconds <= 0:
-            raise ConfigError(f"every_seconds must be > 0, got {self.every_seconds}")
-        if self.keep_last < 1:
-            raise ConfigError(f"keep_last must be >= 1 (the last good checkpoint), got {self.keep_last}")
-        for name in ("keep_every", "grace_seconds"):
+        for name, limits in LIMITS.items():
             value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ConfigError(f"{name} must be > 0 (or unset), got {value}")
-        if self.control_poll_seconds <= 0:
-            raise ConfigError(f"control_poll_seconds must be > 0, got {self.control_poll_seconds}")
+            if value is not None:
+                limits.check(name, value)
+        for name in ("dir", "remote"):
+            url = getattr(self, name)
+            if url is not None:
+                check_url(name, url)
+        for name in ("exit_code", "failure_exit_code"):
+            code = getattr(self, name)
+            if isinstance(code, bool) or not isinstance(code, int):
+                raise ConfigError(f"{name} must be a whole number 1..255, got {code!r}")
         if not 0 < self.failure_exit_code < 256:
             raise ConfigError(
                 f"failure_exit_code {self.failure_exit_code} must be 1..255: 0 would read "
@@ -103,6 +168,11 @@ class Config:
             if raw is None:
                 continue
             values[f.name] = _parse(f.name, str(f.type), raw)
+            if f.name in LIMITS and values[f.name] is not None:  # the message names the variable
+                try:
+                    LIMITS[f.name].check(f.name, values[f.name])
+                except ConfigError as exc:
+                    raise ConfigError(f"FERRY_{f.name.upper()}={raw}: {exc}") from None
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(overrides) - known)
         if unknown:

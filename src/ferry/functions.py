@@ -21,7 +21,9 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from ferry.engine.catalog import split_url
+from ferry.engine.ranks import rank_files_prefix
 from ferry.engine.reader import read_file
+from ferry.errors import CorruptCheckpointError, FerryError
 from ferry.session import Session, current
 
 T = TypeVar("T")
@@ -37,7 +39,10 @@ class FunctionCheckpoint(Generic[T]):
     ) -> None:
         self.save_fn, self.restore_fn = save_fn, restore_fn
         found = session or current()
-        assert found is not None
+        if found is None:
+            raise FerryError(
+                "FunctionCheckpoint found no ferry session: pass session=, or call ferry.configure(...) first"
+            )
         self.session = found
         self.session.extra_files = self._files
         self._value: T | None = None
@@ -49,12 +54,17 @@ class FunctionCheckpoint(Generic[T]):
         if loaded is None:
             return default
         storage, name = split_url(loaded.url)
-        assert name is not None
+        if name is None:
+            raise CorruptCheckpointError(f"{loaded.url} is not a checkpoint folder of its root")
+        prefix = rank_files_prefix(self.session.checkpointer.rank) + PREFIX
         with tempfile.TemporaryDirectory(prefix="ferry-restore-") as tmp:
             for file, meta in loaded.manifest["files"].items():
-                if not file.startswith(PREFIX):
+                if not file.startswith(prefix):
                     continue
-                dest = os.path.join(tmp, file[len(PREFIX) :])
+                rel = file[len(prefix) :]
+                dest = os.path.normpath(os.path.join(tmp, rel))
+                if os.path.isabs(rel) or not dest.startswith(tmp + os.sep):
+                    raise CorruptCheckpointError(f"{loaded.url}: file name {file!r} leads outside it")
                 os.makedirs(os.path.dirname(dest), exist_ok=True)
                 with open(dest, "wb") as f:
                     f.write(read_file(storage, name, file, meta).numpy().tobytes())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -259,3 +260,148 @@ def test_a_save_over_80_percent_of_the_grace_period_is_warned_about(
 def test_the_default_job_id_is_host_and_pid() -> None:
     assert default_job_id() == f"{socket.gethostname()}-{os.getpid()}"
     assert default_job_id(7) == f"{socket.gethostname()}-7"
+
+
+# ------------------------------------------------------------------ nan, inf, negative, absurd
+NUMERIC = {
+    "every_steps": "int",
+    "every_seconds": "float",
+    "keep_last": "int",
+    "keep_every": "int",
+    "exit_code": "int",
+    "failure_exit_code": "int",
+    "grace_seconds": "float",
+    "control_poll_seconds": "float",
+}
+"""Every numeric field of Config (checked against the dataclass below)."""
+HOSTILE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"), "-1": -1, "absurd": 10**30}
+"""Values no setting may take: NaN compares false with everything, so a ``<= 0`` check lets
+it through (and it then turns periodic saves, the control channel or the grace kill off)."""
+
+
+def test_every_numeric_field_is_in_the_table() -> None:
+    numeric = {f.name for f in dataclasses.fields(Config) if f.type.split(" ")[0] in ("int", "float")}
+    assert numeric == set(NUMERIC)
+
+
+@pytest.mark.parametrize("value", list(HOSTILE), ids=list(HOSTILE))
+@pytest.mark.parametrize("name", list(NUMERIC))
+def test_hostile_numbers_are_refused_in_python(name: str, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Config(**{name: HOSTILE[value]})
+    assert name in str(info.value) and info.value.exit_code == 2
+
+
+@pytest.mark.parametrize("raw", ["nan", "NaN", "inf", "-inf", "-1", "1e30", "99999999999999999999"])
+@pytest.mark.parametrize("name", list(NUMERIC))
+def test_hostile_numbers_are_refused_from_the_environment(name: str, raw: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Config.from_env({f"FERRY_{name.upper()}": raw})
+    assert name.upper() in str(info.value).upper() and info.value.exit_code == 2
+
+
+@pytest.mark.parametrize("value", [True, "5", 2.5])
+def test_a_count_must_be_a_whole_number(value: object) -> None:
+    with pytest.raises(ConfigError, match="every_steps must be"):
+        Config(every_steps=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("field", ["dir", "remote"])
+@pytest.mark.parametrize("url", ["foo://x", "nosuchscheme://bucket/a", ""])
+def test_an_unknown_url_scheme_is_refused(field: str, url: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Config(**{field: url})
+    assert field in str(info.value) and info.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    "url", ["ck", "/abs/ck", "file:///tmp/ck", "memory://x", "s3://b/k", "root://eos//x"]
+)
+def test_known_schemes_pass(url: str) -> None:
+    Config(dir=url, remote=url)
+
+
+# ------------------------------------------------------------------ ferry run's own options
+RUN_NUMERIC = {
+    "restarts": HOSTILE,
+    "max_failures": HOSTILE,
+    "backoff_seconds": HOSTILE,
+    "grace_seconds": HOSTILE,
+}
+
+
+@pytest.mark.parametrize("value", list(HOSTILE), ids=list(HOSTILE))
+@pytest.mark.parametrize("name", list(RUN_NUMERIC))
+def test_run_options_refuse_hostile_numbers(name: str, value: str) -> None:
+    from ferry.supervisor import RunOptions
+
+    with pytest.raises(ConfigError) as info:
+        RunOptions(**{name: HOSTILE[value]})
+    assert name in str(info.value)
+
+
+CLI_BAD = [
+    ["--backoff", "nan"],
+    ["--backoff", "-1"],
+    ["--grace", "nan"],
+    ["--grace", "inf"],
+    ["--every-seconds", "nan"],
+    ["--every-seconds", "0"],
+    ["--every-steps", "-1"],
+    ["--keep-last", "0"],
+    ["--restarts", "-1"],
+    ["--max-failures", "99999999999"],
+    ["--exit-code", "0"],
+    ["--exit-code", "300"],
+    ["--dir", "foo://x"],
+    ["--env", "FERRY_DIR=/elsewhere"],
+    ["--env", "FERRY_JOB_ID=other"],
+    ["--env", "FERRY_EXIT_CODE=3"],
+]
+
+
+@pytest.mark.parametrize("args", CLI_BAD, ids=[" ".join(a) for a in CLI_BAD])
+def test_ferry_run_refuses_hostile_options_before_anything_starts(
+    args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from ferry.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    marker = tmp_path / "ran"
+    result = CliRunner().invoke(
+        main,
+        ["run", "--job-id", "j", *args, "--", "touch", str(marker)],
+        env={"FERRY_HOME": str(tmp_path / "h")},
+    )
+    assert result.exit_code == 2, result.output
+    assert not marker.exists() and not (tmp_path / "h" / "jobs" / "j").exists()
+
+
+@pytest.mark.parametrize(
+    "variable", ["FERRY_EVERY_SECONDS", "FERRY_KEEP_EVERY", "FERRY_CONTROL_POLL_SECONDS"]
+)
+def test_ferry_run_refuses_a_nan_variable(
+    variable: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from ferry.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(
+        main, ["run", "--job-id", "j", "--", "true"], env={"FERRY_HOME": str(tmp_path / "h"), variable: "nan"}
+    )
+    assert result.exit_code == 2 and variable in result.output, result.output
+
+
+@pytest.mark.parametrize("args", [["migrate", "j", "--to", "0"], ["export", "j", "/tmp/x"]])
+@pytest.mark.parametrize("timeout", ["nan", "inf", "-1", "0"])
+def test_operator_timeouts_refuse_hostile_numbers(args: list[str], timeout: str, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from ferry.cli import main
+
+    result = CliRunner().invoke(main, [*args, "--timeout", timeout], env={"FERRY_HOME": str(tmp_path)})
+    assert result.exit_code == 2 and "--timeout" in result.output, result.output

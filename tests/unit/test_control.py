@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ferry.errors import JobError
-from ferry.runtime.control import ACTIONS, ControlInbox, submit, wait_response
+from ferry.runtime.control import ACTIONS, MAX_REQUEST_BYTES, ControlInbox, submit, wait_response
 from ferry.runtime.jobdir import JobDir, write_json_atomic
 
 NOBODY = 65534
@@ -177,3 +177,106 @@ def test_a_garbled_request_is_answered(job: JobDir) -> None:
     assert ControlInbox(job).poll() == []
     answer = wait_response(job, "bad", timeout=0.3)
     assert answer["ok"] is False
+
+
+# ------------------------------------------------------------------ folders that are not the user's own
+def test_a_symlinked_job_dir_is_refused(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "j").symlink_to(elsewhere)
+    with pytest.raises(JobError, match="is a symbolic link: ferry does not use it"):
+        JobDir.create("j", str(tmp_path / "jobs" / "j"))
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["home", "jobs", "job"])
+def test_a_symlink_anywhere_under_ferry_home_is_refused(
+    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("FERRY_HOME", str(home))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    target = {"home": home, "jobs": home / "jobs", "job": home / "jobs" / "j"}[where]
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    target.symlink_to(elsewhere)
+    with pytest.raises(JobError, match="is a symbolic link"):
+        JobDir.create("j")
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize("bits", [0o020, 0o002, 0o777])
+def test_a_job_dir_others_may_write_is_refused(bits: int, tmp_path: Path) -> None:
+    path = tmp_path / "open"
+    path.mkdir()
+    os.chmod(path, 0o700 | bits)
+    with pytest.raises(JobError, match="writable by other users"):
+        JobDir.create("open", str(path))
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to give a folder to another user")
+@pytest.mark.parametrize("where", ["home", "jobs", "job", "control"])
+def test_a_folder_of_another_user_is_refused(
+    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another user pre-created the folder (in a shared /tmp, say): the job does not move in."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("FERRY_HOME", str(home))
+    target = {
+        "home": home,
+        "jobs": home / "jobs",
+        "job": home / "jobs" / "j",
+        "control": home / "jobs" / "j" / "control",
+    }
+    for path in list(target.values())[: list(target).index(where)]:
+        path.mkdir(mode=0o700)
+    target[where].mkdir(mode=0o700)
+    os.chown(target[where], NOBODY, NOBODY)
+    with pytest.raises(JobError, match=f"is owned by uid {NOBODY}, not by this user"):
+        JobDir.create("j")
+
+
+# ------------------------------------------------------------------ request files of every kind
+def _plant(job: JobDir, kind: str, tmp_path: Path) -> str:
+    path = os.path.join(job.control, f"req-{kind}.json")
+    if kind == "symlink":
+        target = tmp_path / "target.json"
+        target.write_text(json.dumps({"id": kind, "action": "stop", "created": time.time()}))
+        os.symlink(target, path)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "oversized":
+        Path(path).write_text(
+            json.dumps({"id": kind, "action": "stop", "pad": "x" * (MAX_REQUEST_BYTES + 1)})
+        )
+    elif kind == "malformed-created":
+        Path(path).write_text(json.dumps({"id": kind, "action": "stop", "created": "yesterday"}))
+    elif kind == "malformed-env":
+        Path(path).write_text(json.dumps({"id": kind, "action": "restart", "created": 1.0, "env": {"A": 1}}))
+    elif kind == "not-an-object":
+        Path(path).write_text("[1, 2]")
+    elif kind == "directory":
+        os.mkdir(path)
+    return kind
+
+
+KINDS = ["symlink", "fifo", "oversized", "malformed-created", "malformed-env", "not-an-object", "directory"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_request_that_is_not_a_small_regular_json_file_is_refused_and_answered(
+    kind: str, job: JobDir, tmp_path: Path
+) -> None:
+    rid = _plant(job, kind, tmp_path)
+    done = threading.Event()
+    polled: list[object] = []
+    threading.Thread(
+        target=lambda: (polled.extend(ControlInbox(job).poll()), done.set()), daemon=True
+    ).start()
+    assert done.wait(5), "polling hung on the request"  # a FIFO must not block the worker
+    assert polled == []
+    answer = wait_response(job, rid, timeout=1)
+    assert answer["ok"] is False and "refused" in answer["error"], answer
+    if kind == "symlink":
+        assert (tmp_path / "target.json").exists()  # the link's target is left alone

@@ -11,6 +11,7 @@ import click
 from ferry.cli.complete import complete_job
 from ferry.cli.jobs import EPILOG
 from ferry.cli.output import emit_json, json_option
+from ferry.cli.params import POSITIVE_SECONDS, SECONDS
 from ferry.errors import ConfigError
 from ferry.knobs import GRACE_SECONDS, REQUEST_TIMEOUT_SECONDS
 from ferry.ops import migrate as ops
@@ -27,14 +28,14 @@ def _progress(as_json: bool) -> ops.Progress:
 
 
 def _positive(timeout: float) -> float:
-    if timeout <= 0:
+    if timeout <= 0:  # POSITIVE_SECONDS checked it already: for callers from Python
         raise ConfigError(f"--timeout must be > 0, got {timeout:g}")
     return timeout
 
 
 timeout_option = click.option(
     "--timeout",
-    type=float,
+    type=POSITIVE_SECONDS,
     default=REQUEST_TIMEOUT_SECONDS,
     show_default=True,
     metavar="S",
@@ -115,7 +116,7 @@ def export_cmd(job: str, dest_url: str, timeout: float, as_json: bool) -> None:
     "--restarts", type=int, default=0, show_default=True, help="In-place restarts allowed (migrate)."
 )
 @click.option(
-    "--grace", type=float, default=GRACE_SECONDS, show_default=True, metavar="S", help="As for ferry run."
+    "--grace", type=SECONDS, default=GRACE_SECONDS, show_default=True, metavar="S", help="As for ferry run."
 )
 @json_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)

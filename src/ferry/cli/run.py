@@ -8,6 +8,7 @@ import click
 
 from ferry.cli.events import events_on_stdout
 from ferry.cli.output import json_option
+from ferry.cli.params import POSITIVE_SECONDS, SECONDS
 from ferry.errors import ConfigError
 from ferry.knobs import (
     BACKOFF_CAP_SECONDS,
@@ -18,6 +19,7 @@ from ferry.knobs import (
 )
 from ferry.runtime.jobdir import jobs_root
 from ferry.supervisor import RunOptions, Supervisor
+from ferry.supervisor.options import SUPERVISOR_OWNED
 
 
 def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -26,6 +28,11 @@ def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
         key, eq, value = pair.partition("=")
         if not eq:
             raise ConfigError(f"--env {pair!r} is not NAME=VALUE")
+        if key in SUPERVISOR_OWNED:
+            raise ConfigError(
+                f"--env {key}=... would be overridden by ferry run, which sets it for the "
+                f"worker; use {SUPERVISOR_OWNED[key]} instead"
+            )
         env[key] = value
     return env
 
@@ -65,11 +72,13 @@ The job directory layout and the restart rules: docs/jobs.md.""",
     "--dir",
     "checkpoint_dir",
     metavar="URL",
+    envvar="FERRY_DIR",
+    show_envvar=True,
     help="Checkpoint root, a path or an fsspec URL (s3://, root://).  [default: ./ferry-checkpoints/JOB_ID]",
 )
 @click.option("--job-id", metavar="ID", help="The job's id; names its job directory.  [default: HOST-PID]")
 @click.option("--every-steps", type=int, metavar="N", help="Also checkpoint every N training steps.")
-@click.option("--every-seconds", type=float, metavar="S", help="Also checkpoint every S seconds.")
+@click.option("--every-seconds", type=POSITIVE_SECONDS, metavar="S", help="Also checkpoint every S seconds.")
 @click.option("--keep-last", type=int, metavar="N", help="Committed checkpoints to keep.  [default: 3]")
 @click.option(
     "--exit-code",
@@ -80,7 +89,7 @@ The job directory layout and the restart rules: docs/jobs.md.""",
 )
 @click.option(
     "--grace",
-    type=float,
+    type=SECONDS,
     default=GRACE_SECONDS,
     show_default=True,
     metavar="S",
@@ -102,7 +111,7 @@ The job directory layout and the restart rules: docs/jobs.md.""",
 )
 @click.option(
     "--backoff",
-    type=float,
+    type=SECONDS,
     default=BACKOFF_SECONDS,
     show_default=True,
     metavar="S",

@@ -6,16 +6,23 @@ Folder of a checkpoint saved by W ranks::
                                 and rank 0's own part
     rank-R.bin, rank-R.json     rank R >= 1: its own part (RNG streams, data position,
                                 gradients, and its whole state when nothing is replicated)
+    user/..., rank-R/user/...   the files of a ``FunctionCheckpoint`` on rank 0, on rank R
 
 Every rank writes its files into the staging folder of one commit transaction
 (``ferry.storage.transaction``) that rank 0 began; rank 0 gathers their checksums, writes
 the manifest that lists every file, and commits. A checkpoint is thus complete or
 invisible. Every call here is a collective made on the training thread.
+
+Any exception on any rank, ferry's or not, becomes that rank's error record: every rank
+reaches the same collectives whatever happened, and every rank raises the same
+StorageError naming the rank and the cause, at once (a rank that raised instead would
+leave the others blocked in the next collective until the process group's timeout).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any, Protocol
 
@@ -32,6 +39,8 @@ from ferry.errors import CorruptCheckpointError, FerryError, StorageError
 from ferry.storage import Transaction, open_storage
 from ferry.storage.hashed import hash_file
 
+log = logging.getLogger("ferry")
+
 
 class Collectives(Protocol):
     """What a multi-rank save needs of the job's ranks (``ferry.runtime.distributed.RankGroup``
@@ -47,6 +56,18 @@ class Collectives(Protocol):
     def gather(self, value: Any) -> list[Any] | None:
         """Every rank's small, JSON-like ``value`` on rank 0, by rank; None on the others."""
         ...
+
+
+def rank_files_prefix(rank: int) -> str:
+    """Where rank ``rank``'s extra files (a ``FunctionCheckpoint``'s) sit in a checkpoint."""
+    return "" if rank == 0 else f"rank-{rank}/"
+
+
+def _failure(rank: int, exc: BaseException) -> str:
+    """A rank's failure, for every rank's message: ferry's own say what to do already."""
+    if isinstance(exc, FerryError):
+        return f"rank {rank}: {exc}"
+    return f"rank {rank}: {type(exc).__name__}: {exc}"
 
 
 def _write_part(txn: Transaction, rank: int, state: Any) -> tuple[Flattened, int]:
@@ -90,9 +111,11 @@ def save_ranked(
     keep_last: int | None,
     keep_every: int | None,
     shards: dict[str, Any] | None = None,
+    extra_files: dict[str, bytes] | None = None,
 ) -> CheckpointInfo:
     """Every rank calls this with its own ``state`` (rank 0's includes the shared part), and
-    the same sharded models in ``shards`` (saved collectively through DCP).
+    the same sharded models in ``shards`` (saved collectively through DCP), and its own
+    ``extra_files`` (under ``rank_files_prefix(rank)``).
 
     Rank 0 begins the transaction and broadcasts its names; every rank joins it and writes
     its own files; rank 0 gathers their records, commits (or aborts, when any rank failed)
@@ -105,23 +128,28 @@ def save_ranked(
         try:
             txn = Transaction.begin(storage, next_name(storage.listdir(), step))
             plan = {"final": txn.final, "staging": txn.staging}
-        except FerryError as exc:
-            plan = {"error": str(exc)}
+        except Exception as exc:  # any: the other ranks wait for this broadcast
+            plan = {"error": _failure(0, exc)}
     plan = group.broadcast(plan)
     if "error" in plan:
         raise StorageError(plan["error"])
     if txn is None:
         txn = Transaction.join(storage, plan["final"], plan["staging"])
     try:
-        outcome = _save_part(txn, group, state, step, meta, shards)
+        outcome = _save_part(txn, group, state, step, meta, shards, extra_files or {})
     except BaseException:
         txn.abort()  # rank 0's; a joined rank leaves the folder to it
         raise
     if "url" in outcome and keep_last and group.rank == 0:
-        apply_retention(storage, keep_last, keep_every)
+        try:
+            apply_retention(storage, keep_last, keep_every)
+        except Exception as exc:  # committed; old checkpoints stay, the next save retries
+            outcome = {**outcome, "retention": _failure(0, exc)}
     outcome = group.broadcast(outcome)
     if "error" in outcome:
         raise StorageError(f"the checkpoint of step {step} was not committed: {outcome['error']}")
+    if "retention" in outcome and group.rank == 0:
+        log.warning("ferry: older checkpoints were not removed: %s", outcome["retention"])
     seconds = time.perf_counter() - t0
     return CheckpointInfo(outcome["url"], step, int(outcome["bytes"]), seconds, seconds)
 
@@ -133,6 +161,7 @@ def _save_part(
     step: int,
     meta: dict[str, Any] | None,
     shards: dict[str, Any] | None,
+    extra_files: dict[str, bytes],
 ) -> dict[str, Any]:
     """This rank's files; on rank 0 also the commit. Returns rank 0's outcome ({} elsewhere)."""
     flat: Flattened | None = None
@@ -142,9 +171,12 @@ def _save_part(
         if shards:
             dcp_size = _write_sharded(txn, group.rank, shards)
         flat, size = _write_part(txn, group.rank, state)
+        prefix = rank_files_prefix(group.rank)
+        for name, blob in extra_files.items():
+            size += txn.add_file(prefix + name, memoryview(blob)).size
         mine = {"files": txn.files, "size": size + dcp_size}
-    except FerryError as exc:
-        mine = {"error": f"rank {group.rank}: {exc}"}
+    except Exception as exc:  # any: the other ranks wait for this gather
+        mine = {"error": _failure(group.rank, exc)}
     everyone = group.gather(mine)
     if everyone is None:
         return {}
@@ -158,15 +190,16 @@ def _save_part(
                     txn.add_written(rel, int(m["size"]), str(m["xxh3_64"]))
             body = build_manifest(flat, step, txn.files, meta, group.world_size)
             txn.commit(manifest_bytes(body))
-    except FerryError as exc:
-        return {"error": str(exc)}
+    except Exception as exc:  # any: the other ranks wait for the outcome's broadcast
+        return {"error": str(exc) if isinstance(exc, FerryError) else _failure(0, exc)}
     return {"url": txn.storage.child_url(txn.final), "bytes": sum(int(p["size"]) for p in everyone)}
 
 
 def rank_part(loaded: Loaded, rank: int) -> Any:
     """Rank ``rank``'s own part of a multi-rank checkpoint (rank 0's is in the main tree)."""
     storage, name = split_url(loaded.url)
-    assert name is not None
+    if name is None:
+        raise CorruptCheckpointError(f"{loaded.url} is not a checkpoint folder of its root")
     files = loaded.manifest["files"]
     key = f"rank-{rank}.json"
     if key not in files:

@@ -109,9 +109,16 @@ def snapshot(flat: Flattened, buffer: HostBuffer) -> tuple[torch.Tensor, int]:
             dst = host[entry.offset : entry.offset + entry.nbytes]
             dst.view(torch_dtype(entry.dtype)).view(arr.shape).copy_(arr, non_blocking=on_cuda)
     _copy_host(jobs)
-    if on_cuda:
-        torch.cuda.synchronize()
+    # Each copy was queued on its own device's stream: wait for every one of those devices,
+    # not only the current one, before the buffer counts as the snapshot.
+    for device in cuda_devices(flat.arrays):
+        torch.cuda.synchronize(device)
     return host, size
+
+
+def cuda_devices(arrays: list[torch.Tensor | np.ndarray]) -> set[torch.device]:
+    """The CUDA devices that ``arrays`` live on."""
+    return {a.device for a in arrays if isinstance(a, torch.Tensor) and a.is_cuda}
 
 
 def direct_segments(flat: Flattened) -> tuple[list[memoryview], int] | None:

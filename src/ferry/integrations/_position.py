@@ -117,9 +117,10 @@ class LoaderPosition:
         return self.loader is not None and self.batch >= len(self.loader)
 
     def state_dict(self) -> dict[str, Any]:
-        if self.loader is not None and self.batch >= len(self.loader):  # between two epochs
+        # Between two epochs, or before the first (a checkpoint taken before the trainer
+        # iterated the loader): nothing of an epoch to skip on resume.
+        if self.loader is None or self.batch >= len(self.loader):
             return {"batch": 0, "epoch_rng": None, "order": self.order.get_state()}
-        assert self.loader is not None
         return {
             "batch": self.batch,
             "epoch_rng": self.epoch_rng,

@@ -179,7 +179,7 @@ class ControlInbox:
             why = "refused: the request is not a regular file (a link, a pipe); nothing was done"
         else:
             try:
-                raw = read_json(path, MAX_REQUEST_BYTES)
+                raw = read_json(path, MAX_REQUEST_BYTES, owner=self.uid)
             except ValueError as exc:  # garbled or oversized: answered, never re-read
                 why = f"refused: the request is not readable JSON ({exc}); nothing was done"
             except OSError:

@@ -6,10 +6,19 @@ a background thread). They run on a gloo group of their own, so they work beside
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import sys
+from types import TracebackType
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from ferry.errors import JobError
+
+log = logging.getLogger("ferry")
 
 STOP, CHECKPOINT = 0, 1
 
@@ -35,9 +44,17 @@ class RankGroup:
         return self._group
 
     def agree(self, stop: bool, checkpoint: bool) -> tuple[bool, bool]:
-        """The union of every rank's wishes, identical on all ranks."""
+        """The union of every rank's wishes, identical on all ranks. JobError when another
+        rank left the job meanwhile (it failed: its own output names the cause)."""
         flags = torch.tensor([int(stop), int(checkpoint)], dtype=torch.int64)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+        try:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+        except (RuntimeError, ValueError) as exc:  # torch's DistBackendError is a RuntimeError
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise JobError(
+                f"rank {self.rank}: another rank of the job failed or left (its own output names "
+                f"the cause), so the ranks cannot agree on a checkpoint: {first}"
+            ) from exc
         return bool(flags[STOP]), bool(flags[CHECKPOINT])
 
     def broadcast(self, value: Any) -> Any:
@@ -53,6 +70,46 @@ class RankGroup:
 
     def barrier(self) -> None:
         dist.barrier(group=self.group)
+
+
+class AbortOnCrash:
+    """An uncaught exception on one rank ends that rank's process at once, so that the other
+    ranks fail in their next collective (their peer is gone) and a launcher such as torchrun
+    sees the failure, instead of waiting for this rank until the process group's timeout (30
+    minutes by default): the process of a crashed rank may otherwise live on for long (a
+    non-daemon thread it waits for at exit, a hung teardown). Tearing the group down
+    (``destroy_process_group``) is not enough: gloo keeps the peers' connections open.
+
+    Installed as ``sys.excepthook`` in front of the one it finds, which runs first (the
+    traceback is printed and the crash reported before the process ends). ``disarm`` leaves
+    only the previous hook's work: another hook may have chained onto this one since."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.armed = True
+        self.previous = sys.excepthook
+        sys.excepthook = self
+
+    def __call__(self, kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        self.previous(kind, value, tb)
+        if not (self.armed and dist.is_available() and dist.is_initialized()):
+            return
+        log.error(
+            "ferry: rank %d failed (%s: %s); ending this rank now, so that the other ranks stop "
+            "instead of waiting for it",
+            self.rank,
+            kind.__name__,
+            value,
+        )
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(1)  # Python's own status for an uncaught exception
+
+    def disarm(self) -> None:
+        self.armed = False
+        if sys.excepthook is self:
+            sys.excepthook = self.previous
 
 
 def replicated(objects: dict[str, Any]) -> bool:

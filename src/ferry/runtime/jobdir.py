@@ -13,6 +13,8 @@ Layout (documented in docs/jobs.md), mode 0700, owned by the job's user::
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -56,22 +58,61 @@ def jobs_root() -> str:
     return os.path.join(ferry_home(), "jobs")
 
 
+def dir_problem(st: os.stat_result, uid: int) -> str | None:
+    """Why a directory with ``lstat`` result ``st`` is not one this user alone controls
+    (None when it is): a symlink may lead anywhere, another owner or a group/world write
+    bit lets someone else plant or swap files in it."""
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != uid:
+        return f"is owned by uid {st.st_uid}, not by this user (uid {uid})"
+    if st.st_mode & 0o022:
+        return f"is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def private_dir(path: str, what: str, *, tighten: bool = False) -> None:
+    """Create ``path`` (0700), or check that the existing one is this user's own: JobError,
+    naming the problem and the fix, instead of following it. ``tighten``: make an existing
+    one 0700 too (a job's own folders; FERRY_HOME keeps the mode its user gave it)."""
+    try:
+        os.mkdir(path, 0o700)
+        return
+    except FileExistsError:
+        pass
+    problem = dir_problem(os.lstat(path), os.geteuid())
+    if problem is not None:
+        raise JobError(
+            f"{what} {path} {problem}: ferry does not use it; remove it, or set FERRY_HOME "
+            "to a folder of your own"
+        )
+    if tighten:
+        os.chmod(path, 0o700)
+
+
 def write_json_atomic(path: str, doc: object) -> None:
     tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with contextlib.suppress(FileNotFoundError):  # a leftover of a dead process with our pid
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(doc, f, indent=1, sort_keys=True, default=str)
     os.replace(tmp, path)
 
 
-def read_json(path: str, limit: int = MAX_DOC_BYTES) -> Any:
+def read_json(path: str, limit: int = MAX_DOC_BYTES, owner: int | None = None) -> Any:
     """The decoded JSON of the regular file ``path``, for its caller to parse. A symlink
-    (OSError), a FIFO or device (which could hang the reader), a file over ``limit`` bytes
-    and bytes that are not JSON (ValueError) are refused; FileNotFoundError and
-    PermissionError come through as they are."""
+    (OSError), a FIFO or device (which could hang the reader), a file over ``limit`` bytes,
+    one not owned by uid ``owner`` (when given) and bytes that are not JSON (ValueError) are
+    refused; FileNotFoundError and PermissionError come through as they are. The checks are
+    made on the opened file, so a file swapped in after a caller's ``lstat`` is caught too."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
+        if owner is not None and st.st_uid != owner:
+            raise ValueError(f"{path} is owned by uid {st.st_uid}, not by uid {owner}")
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{path} is not a regular file")
         if st.st_size > limit:
@@ -111,11 +152,19 @@ class JobDir:
 
     @classmethod
     def create(cls, job_id: str, path: str | None = None) -> JobDir:
-        path = path or os.path.join(jobs_root(), job_id)
-        os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        os.chmod(path, 0o700)
-        os.makedirs(os.path.join(path, "control"), mode=0o700, exist_ok=True)
+        """The job directory, created 0700 where it is missing. FERRY_HOME, ``jobs/`` (when
+        the directory is the default one), the directory and its ``control/`` must each be
+        a real directory of this user that nobody else may write: JobError otherwise."""
+        if path is None:
+            home = ferry_home()
+            os.makedirs(os.path.dirname(os.path.abspath(home)), mode=0o700, exist_ok=True)
+            private_dir(home, "FERRY_HOME")
+            private_dir(os.path.join(home, "jobs"), "the jobs folder")
+            path = os.path.join(home, "jobs", job_id)
+        else:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+        private_dir(path, "the job directory", tighten=True)
+        private_dir(os.path.join(path, "control"), "the job's control folder", tighten=True)
         return cls(path)
 
     @classmethod
@@ -136,7 +185,7 @@ class JobDir:
         write_json_atomic(self.file("job.json"), doc)
 
     def acquire_lock(self) -> None:
-        fd = os.open(self.file("lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(self.file("lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -160,7 +209,8 @@ class JobDir:
             self._lock_fd = None
 
     def update_status(self, state: str, **fields: object) -> None:
-        assert state in STATES, state
+        if state not in STATES:
+            raise JobError(f"unknown job state {state!r}; the states are: {', '.join(STATES)}")
         if not self.writer:
             return
         with self._mutex:
@@ -193,7 +243,8 @@ class JobDir:
         if not self.writer:
             return
         line = json.dumps({"time": time.time(), "event": kind, **fields}, default=str)
-        with self._mutex, open(self.file("events.jsonl"), "a") as f:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        with self._mutex, os.fdopen(os.open(self.file("events.jsonl"), flags, 0o600), "a") as f:
             f.write(line + "\n")
 
     # ----------------------------------------------------------------- reader side
@@ -256,9 +307,13 @@ class JobDir:
     def is_locked(self) -> bool:
         """True while a live worker holds the lock."""
         try:
-            fd = os.open(self.file("lock"), os.O_RDONLY)
+            fd = os.open(self.file("lock"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return False
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a symlink is no lock of a ferry worker's
+                return False
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -10,7 +10,7 @@ from ferry.config import Config
 from ferry.engine import AsyncSaver, CheckpointInfo, Loaded, sharded
 from ferry.engine.ranks import save_ranked
 from ferry.runtime import handoff
-from ferry.runtime.distributed import RankGroup, replicated
+from ferry.runtime.distributed import AbortOnCrash, RankGroup, replicated
 from ferry.session.policy import Wish
 from ferry.state.training import TrainingState
 from ferry.storage import open_storage
@@ -129,6 +129,7 @@ class RankedCheckpointer:
         self.config, self.group, self.on_commit = config, group, on_commit
         self.rank, self.world_size = group.rank, group.world_size
         open_storage(config.dir)  # a URL no backend takes fails now, not at the first save
+        self._abort = AbortOnCrash(self.rank)
 
     @property
     def leads(self) -> bool:
@@ -165,6 +166,7 @@ class RankedCheckpointer:
             keep_last=self.config.keep_last,
             keep_every=self.config.keep_every,
             shards=shards,
+            extra_files=extra_files,
         )
         self.on_commit(info)
         return info
@@ -176,4 +178,5 @@ class RankedCheckpointer:
         """Ranks resume from storage."""
 
     def close(self) -> None:
-        """Nothing to wait for."""
+        """Nothing to wait for; a crash after this is no longer ferry's to handle."""
+        self._abort.disarm()

@@ -50,7 +50,8 @@ class LocalWriter:
             raise storage_error(exc, f"cannot create {path}") from exc
 
     def write(self, data: memoryview | bytes) -> None:
-        assert self._fd is not None
+        if self._fd is None:
+            raise StorageError(f"cannot write {self.path}: its writer was closed (a failed write aborted it)")
         view = memoryview(data).cast("B")
         try:
             while view:

@@ -12,10 +12,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ferry.config import Config
+from ferry.config import MAX_SECONDS, Config, Limits, check_url
 from ferry.errors import ConfigError
 from ferry.knobs import BACKOFF_SECONDS, CHECKPOINT_EXIT_CODE, GRACE_SECONDS
 from ferry.supervisor.signals import FORWARDED
+
+MAX_RESTARTS = 1_000_000
+"""More in-place restarts or tolerated failures than this is a typo (or a crash loop)."""
+LIMITS = {
+    "restarts": Limits(low=0, high=MAX_RESTARTS, whole=True),
+    "max_failures": Limits(low=0, high=MAX_RESTARTS, whole=True),
+    "backoff_seconds": Limits(low=0.0, high=MAX_SECONDS, hint=" (a year)"),
+}
+"""The supervisor's own numeric options and their ranges (the worker's are Config's)."""
+SUPERVISOR_OWNED = {
+    "FERRY_DIR": "--dir",
+    "FERRY_JOB_ID": "--job-id",
+    "FERRY_JOB_DIR": "FERRY_HOME (the job directory is FERRY_HOME/jobs/ID)",
+    "FERRY_EXIT_CODE": "--exit-code",
+    "FERRY_STOP_SIGNALS": "the stop signals ferry run forwards",
+}
+"""Worker settings the supervisor relies on and sets itself (``worker._FROM_SUPERVISOR``):
+given through ``ferry run --env`` they would be silently overridden, so the CLI refuses them
+(a bundle's environment, replayed by ``ferry resume``, may hold them: they are overridden)."""
+GRACE = Limits(low=0.0, high=MAX_SECONDS, above=True, hint=" (a year; None: never SIGKILL)")
 
 
 @dataclass(kw_only=True)
@@ -65,11 +85,12 @@ class RunOptions:
             self.job_id in ("", ".", "..") or "/" in self.job_id or "\0" in self.job_id
         ):
             raise ConfigError(f"job id {self.job_id!r} names a folder: use no '/', and not '.' or '..'")
-        for name in ("restarts", "max_failures", "backoff_seconds"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.grace_seconds is not None and self.grace_seconds <= 0:
-            raise ConfigError(f"grace_seconds must be > 0 (None: never SIGKILL), got {self.grace_seconds}")
+        for name, limits in LIMITS.items():
+            limits.check(name, getattr(self, name))
+        if self.grace_seconds is not None:
+            GRACE.check("grace_seconds", self.grace_seconds)
+        if self.dir is not None:
+            check_url("dir", self.dir)
         for name in self.stop_signals:
             signum = getattr(signal, name, None)
             if isinstance(signum, signal.Signals) and signum not in FORWARDED:

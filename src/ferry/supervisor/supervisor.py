@@ -15,7 +15,6 @@ import dataclasses
 import logging
 import os
 import shlex
-import shutil
 import signal
 import time
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ from typing import Any
 from ferry.config import Config
 from ferry.errors import ConfigError
 from ferry.knobs import LEFTOVER_SECONDS, POLL_SECONDS
+from ferry.runtime import handoff
 from ferry.runtime.identity import default_job_id
 from ferry.runtime.jobdir import JobDir, write_json_atomic
 from ferry.runtime.rootlock import RootLock
@@ -285,7 +285,7 @@ class Supervisor:
 
     def _end(self, state: str, code: int, message: str) -> int:
         assert self.job is not None
-        shutil.rmtree(self._handoff_dir, ignore_errors=True)
+        handoff.discard(self._handoff_dir)
         fields: dict[str, Any] = {"exit_code": code, "ended": time.time()}
         if state == "failed":
             fields["error"] = message

@@ -81,9 +81,12 @@ def worker_env(
 
 
 def handoff_dir(job_path: str) -> str:
-    """Per job directory, not per job id: two jobs may share an id under two FERRY_HOMEs."""
+    """Per job directory, not per job id: two jobs may share an id under two FERRY_HOMEs.
+    Inside a folder of this user's own (``/dev/shm/ferry-<uid>``, 0700), which the worker
+    checks before it trusts anything there (``ferry.runtime.handoff``): anyone can compute
+    these names."""
     key = hashlib.sha1(os.path.realpath(job_path).encode()).hexdigest()[:16]
-    return f"/dev/shm/ferry-{os.getuid()}-{key}"
+    return f"/dev/shm/ferry-{os.geteuid()}/{key}"
 
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
