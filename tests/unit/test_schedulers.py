@@ -239,3 +239,12 @@ def test_transfer_policy_checks() -> None:
         TransferPolicy(remote="s3://b/x", mode="later")
     with pytest.raises(ConfigError, match=">= 1"):
         TransferPolicy(remote="s3://b/x", keep_last=0)
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "1.5", "nan"])
+def test_a_bad_requeue_budget_is_a_one_line_error(value: str) -> None:
+    from ferry.schedulers import slurm
+
+    with pytest.raises(ConfigError, match=r"FERRY_SLURM_MAX_REQUEUES=.*whole number"):
+        slurm.detect({"SLURM_JOB_ID": "7", "FERRY_SLURM_MAX_REQUEUES": value})
+    assert slurm.detect({"SLURM_JOB_ID": "7", "FERRY_SLURM_MAX_REQUEUES": "3"}).max_requeues == 3  # type: ignore[union-attr]

@@ -37,6 +37,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ferry.errors import ConfigError
 from ferry.knobs import SLURM_MAX_REQUEUES as DEFAULT_MAX_REQUEUES
 from ferry.schedulers.base import AdapterDefaults
 
@@ -269,12 +270,24 @@ def _read(path: str) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
+def _max_requeues(env: Mapping[str, str]) -> int:
+    raw = env.get("FERRY_SLURM_MAX_REQUEUES") or ""
+    if not raw:
+        return DEFAULT_MAX_REQUEUES
+    if not raw.strip().isdigit():
+        raise ConfigError(
+            f"FERRY_SLURM_MAX_REQUEUES={raw!r}: set it to a whole number of requeues, 0 or more "
+            f"(default {DEFAULT_MAX_REQUEUES})"
+        )
+    return int(raw)
+
+
 def detect(env: Mapping[str, str]) -> SlurmAdapter | None:
     if not env.get("SLURM_JOB_ID"):
         return None
     return SlurmAdapter(
         env=dict(env),
-        max_requeues=int(env.get("FERRY_SLURM_MAX_REQUEUES") or DEFAULT_MAX_REQUEUES),
+        max_requeues=_max_requeues(env),
         scontrol=env.get("FERRY_SLURM_SCONTROL") or "scontrol",
     )
 
