@@ -31,7 +31,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# The whole suite on two pytest-xdist workers, with ruff, the import contracts and
+# The whole suite on three pytest-xdist workers, with ruff, the import contracts and
 # mypy --strict running beside it (scripts/test.sh); ends with the 20 slowest tests.
 test: $(STAMP) system-deps
 	@bash scripts/test.sh full

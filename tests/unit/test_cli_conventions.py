@@ -243,3 +243,18 @@ def test_checkpoint_wait_on_a_worker_without_a_ferry_session(tmp_path: Path) -> 
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_the_resume_hint_passes_what_ferry_run_sets_itself_as_options_not_env() -> None:
+    """A bundle's environment holds the worker's FERRY_* settings, some of which ferry run
+    sets itself and refuses through --env: the printed command must run as printed."""
+    from ferry.ops.migrate import resume_command
+    from ferry.supervisor.options import SUPERVISOR_OWNED
+
+    env = {key: "x" for key in SUPERVISOR_OWNED} | {"FERRY_EXIT_CODE": "77", "FERRY_EVERY_STEPS": "5"}
+    line = resume_command(
+        job_id="j", checkpoint_dir="/ck", command=["python", "t.py"], env=env, cwd=None,
+        autotrack=True, restarts=0,
+    )  # fmt: skip
+    assert "--exit-code 77" in line and "--env FERRY_EVERY_STEPS=5" in line
+    assert not any(f"--env {key}=" in line for key in SUPERVISOR_OWNED), line

@@ -26,7 +26,7 @@ from ferry.ops.jobs import JobRecord, command_of, process_env, require_alive, se
 from ferry.runtime.jobfiles import Event
 from ferry.storage import FileRecord, Storage, Transaction, open_storage
 from ferry.storage.atomic import MANIFEST
-from ferry.supervisor.options import check_command
+from ferry.supervisor.options import SUPERVISOR_OWNED, check_command
 from ferry.typedjson import SchemaError, parse
 
 Progress = Callable[[str], None]
@@ -361,7 +361,10 @@ def resume_command(
     if not autotrack:
         argv.append("--no-autotrack")
     for key, value in sorted(env.items()):
-        argv += ["--env", f"{key}={value}"]
+        if key == "FERRY_EXIT_CODE":
+            argv += ["--exit-code", value]
+        elif key not in SUPERVISOR_OWNED:  # the rest ferry run sets from its own options
+            argv += ["--env", f"{key}={value}"]
     line = shlex.join([*argv, "--", *command])
     return f"cd {shlex.quote(cwd)} && {line}" if cwd else line
 
