@@ -159,17 +159,23 @@ def test_a_worker_with_a_bad_ferry_setting_never_trains_unprotected(tmp_path: Pa
 
 def stop_rank_one_after_10_steps(cmd: list[str], env: dict[str, str], out: Path, script: str) -> None:
     """Run ``cmd`` (ferry run -- torchrun ...) and SIGUSR1 rank 1 alone once rank 0 logged 10
-    steps; the whole job must then checkpoint and exit 85."""
+    steps; the whole job must then checkpoint and exit 85. The ranks hold after step 11 until
+    the signal is sent, so a busy machine cannot let training end first."""
+    release = out.parent / "release-ranks"
+    cmd = [*cmd, "--hold-at", "11", "--release", str(release)]
     first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log = out / "rank0" / "log.txt"
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and first.poll() is None:
-        if log.exists() and log.read_text().count("\n") >= 10:
-            pid = _pid_of_rank(script, 1)
-            assert pid is not None
-            os.kill(pid, signal.SIGUSR1)
-            break
-        time.sleep(0.02)
+    try:
+        while time.monotonic() < deadline and first.poll() is None:
+            if log.exists() and log.read_text().count("\n") >= 10:
+                pid = _pid_of_rank(script, 1)
+                assert pid is not None
+                os.kill(pid, signal.SIGUSR1)
+                break
+            time.sleep(0.02)
+    finally:
+        release.touch()
     _, err = first.communicate(timeout=240)
     assert first.returncode == 85, err[-3000:]
 

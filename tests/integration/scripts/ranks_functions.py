@@ -63,6 +63,7 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"rank{rank}.txt"), "w") as f:
         f.write(json.dumps(value) + "\n")
+    dist.barrier()  # no rank tears gloo down under another still talking to it
     dist.destroy_process_group()
 
 

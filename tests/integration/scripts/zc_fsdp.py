@@ -20,6 +20,8 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--hold-at", type=int, default=-1, help="after this step, wait for --release")
+    p.add_argument("--release", default="", help="the file a test creates to end the hold")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -50,12 +52,17 @@ def main() -> None:
                 log.flush()
                 if args.sleep:
                     time.sleep(args.sleep)
+                if step == args.hold_at:  # a test's handshake (it signals a rank meanwhile)
+                    give_up = time.monotonic() + 300
+                    while not os.path.exists(args.release) and time.monotonic() < give_up:
+                        time.sleep(0.02)
             sched.step()
     full = {k: v.full_tensor() for k, v in model.state_dict().items()}
     if rank == 0:
         with open(os.path.join(args.out, "params.txt"), "w") as f:
             for name, t in full.items():
                 f.write(f"{name} {t.numpy().tobytes().hex()}\n")
+    dist.barrier()  # no rank tears gloo down under another still talking to it
     dist.destroy_process_group()
 
 
