@@ -4,7 +4,8 @@
 integration tests (exact resume in explicit and zero-code mode, the supervisor, the
 operator commands, storage backends, faults). The slow ones are listed here, in one
 place, instead of a mark in each file: the soak, the real SLURM cluster, the scheduler
-and trainer-library runs, torchrun jobs, migration and the crash-consistency trials.
+and trainer-library runs, torchrun jobs, migration, the crash-consistency trials, the
+checkpoint fuzzer, the pseudo-terminal and other-user runs, and the longer CLI journeys.
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ SLOW_MODULES = {
     "test_transfer.py",
     "test_cli_migrate.py",
     "test_own_memory.py",
+    "test_fuzz_checkpoints.py",
+    "test_trust.py",
+    "test_interrupts.py",
+    "test_cli_hints.py",
+    "test_job_report.py",
+    "test_cooperate.py",
 }
 SLOW_NAMES = ("torchrun", "fsdp", "torch-compile")
 """Any test whose name holds one of these (multi-rank jobs, torch.compile) is slow."""
