@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from test_launcher import FERRY, start
 
 from ferry.cli import main
 
@@ -31,7 +32,6 @@ from trainrun import job_status as status
 
 pytestmark = pytest.mark.integration
 EXIT_CHECKPOINTED = 85
-FERRY = [sys.executable, "-c", "from ferry.cli import main; main()", "run"]
 CTRL_C = b"\x03"
 CATCHES_KEYBOARD_INTERRUPT = (
     "import runpy, sys\n"
@@ -195,17 +195,6 @@ def test_ctrl_c_twice_in_zero_code_mode_checkpoints_and_resumes_exactly(tmp_path
     assert (out / "params.txt").read_text() == (tmp_path / "ref" / "params.txt").read_text()
 
 
-def start(home: Path, options: list[str], command: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [*FERRY, *options, "--", *command],
-        env=env_for(home),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-
-
 def until(what: str, predicate: Callable[[], object], timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -228,7 +217,7 @@ def test_a_killed_supervisor_makes_its_worker_checkpoint_and_stop(
     out, job = tmp_path / "run", tmp_path / "jobs" / "k"
     train = [sys.executable, str(SCRIPTS / "train_explicit.py"), "--out", str(out)]
     options = ["--no-autotrack", "--job-id", "k", "--dir", str(tmp_path / "ck")]
-    proc = start(tmp_path, options, [*train, "--sleep", "0.05"])
+    proc = start(options, [*train, "--sleep", "0.05"], tmp_path)
     until("training", lambda: status(job).get("state") == "running" and status(job).get("step", 0) >= 3)
     worker = status(job)["worker_pid"]
     proc.kill()
@@ -258,10 +247,10 @@ def test_an_orphaned_worker_keeps_the_job_and_its_root_and_is_shown_as_such(tmp_
     out.mkdir()
     ck = tmp_path / "ck"
     stubborn = [sys.executable, str(SCRIPTS / "launcher_stubborn.py"), str(out)]
-    proc = start(tmp_path, ["--no-autotrack", "--job-id", "o", "--dir", str(ck)], stubborn)
+    proc = start(["--no-autotrack", "--job-id", "o", "--dir", str(ck)], stubborn, tmp_path)
     until("the worker", lambda: (out / "ready").exists() and (out / "ready").read_text())
     assert job_state(tmp_path, "o") == "starting"  # a plain command: no session reports more
-    second = start(tmp_path, ["--no-autotrack", "--job-id", "other", "--dir", str(ck)], ["true"])
+    second = start(["--no-autotrack", "--job-id", "other", "--dir", str(ck)], ["true"], tmp_path)
     _, err = second.communicate(timeout=60)
     assert second.returncode == 8, err
     assert f"the checkpoint root {ck} is being written by the live job o" in err, err
@@ -272,7 +261,7 @@ def test_an_orphaned_worker_keeps_the_job_and_its_root_and_is_shown_as_such(tmp_
     try:
         assert not gone(worker)
         assert job_state(tmp_path, "o") == "orphaned"
-        again = start(tmp_path, ["--no-autotrack", "--job-id", "other", "--dir", str(ck)], ["true"])
+        again = start(["--no-autotrack", "--job-id", "other", "--dir", str(ck)], ["true"], tmp_path)
         _, err = again.communicate(timeout=60)
         assert again.returncode == 8 and "live job o" in err, err
     finally:
@@ -280,7 +269,7 @@ def test_an_orphaned_worker_keeps_the_job_and_its_root_and_is_shown_as_such(tmp_
             os.kill(worker, signal.SIGKILL)
     until("the orphan to die", lambda: gone(worker))
     assert job_state(tmp_path, "o") == "dead"
-    free = start(tmp_path, ["--no-autotrack", "--job-id", "other", "--dir", str(ck)], ["true"])
+    free = start(["--no-autotrack", "--job-id", "other", "--dir", str(ck)], ["true"], tmp_path)
     _, err = free.communicate(timeout=60)
     assert free.returncode == 0, err
 
