@@ -258,3 +258,24 @@ def test_the_resume_hint_passes_what_ferry_run_sets_itself_as_options_not_env() 
     )  # fmt: skip
     assert "--exit-code 77" in line and "--env FERRY_EVERY_STEPS=5" in line
     assert not any(f"--env {key}=" in line for key in SUPERVISOR_OWNED), line
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["checkpoint", "j", "--wait", "--timeout", "nan"],
+        ["stop", "j", "--timeout", "-1"],
+        ["chaos", "--duration", "nan", "--", "true"],
+        ["chaos", "--pause", "0.1", "nan", "--", "true"],
+    ],
+    ids=["checkpoint-nan", "stop-negative", "chaos-duration-nan", "chaos-pause-nan"],
+)
+def test_every_duration_option_refuses_what_is_not_a_duration(argv: list[str]) -> None:
+    """nan or inf would silently turn a wait into "never" or "at once": a usage error (exit 2)."""
+    from click.testing import CliRunner
+
+    from ferry.cli import main
+
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 2, result.output
+    assert "number of seconds" in result.output, result.output

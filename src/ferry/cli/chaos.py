@@ -7,6 +7,7 @@ import signal
 import click
 
 from ferry.chaos import KINDS, ChaosOptions, Soak, summary_json
+from ferry.cli.params import POSITIVE_SECONDS, SECONDS
 from ferry.cli.run import _env_pairs
 from ferry.knobs import CHAOS_OUTAGE_SECONDS, CHAOS_PAUSE_SECONDS, CHAOS_TIMEOUT_SECONDS
 
@@ -45,7 +46,7 @@ The contract with the command and the fault kinds: docs/chaos.md.""",
 @click.option(
     "--pause",
     nargs=2,
-    type=float,
+    type=SECONDS,
     default=CHAOS_PAUSE_SECONDS,
     show_default=True,
     metavar="MIN MAX",
@@ -54,16 +55,22 @@ The contract with the command and the fault kinds: docs/chaos.md.""",
 @click.option(
     "--outage",
     nargs=2,
-    type=float,
+    type=SECONDS,
     default=CHAOS_OUTAGE_SECONDS,
     show_default=True,
     metavar="MIN MAX",
     help="Seconds a remote-down fault keeps the remote unreachable, drawn uniformly.",
 )
 @click.option(
-    "--timeout", type=float, default=CHAOS_TIMEOUT_SECONDS, show_default=True, help="Give up after S seconds."
+    "--timeout",
+    type=POSITIVE_SECONDS,
+    default=CHAOS_TIMEOUT_SECONDS,
+    show_default=True,
+    help="Give up after S seconds.",
 )
-@click.option("--duration", type=float, metavar="S", help="Inject faults only during the first S seconds.")
+@click.option(
+    "--duration", type=POSITIVE_SECONDS, metavar="S", help="Inject faults only during the first S seconds."
+)
 @click.option(
     "--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="Set a variable for the command."
 )

@@ -16,6 +16,7 @@ import click
 
 from ferry.cli.complete import complete_job
 from ferry.cli.output import clock, emit_json, human_bytes, json_option, table
+from ferry.cli.params import check_timeout
 from ferry.errors import ConfigError, FerryError, JobError
 from ferry.knobs import CHECKPOINT_EXIT_CODE, REQUEST_TIMEOUT_SECONDS
 from ferry.ops.jobs import JobRecord, find_job, list_jobs, process_name, send, wait_answer
@@ -249,8 +250,7 @@ def stop_cmd(job: str, timeout: float, as_json: bool) -> None:
 def _checkpoint(
     job: str | None, *, all_jobs: bool, stop: bool, wait: bool, timeout: float, as_json: bool
 ) -> None:
-    if timeout <= 0:
-        raise ConfigError(f"--timeout must be > 0, got {timeout:g}")
+    check_timeout(timeout)
     records = _targets(job, all_jobs)
     action = "stop" if stop else "checkpoint"
     sent: list[tuple[JobRecord, str]] = []

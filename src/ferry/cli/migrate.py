@@ -11,8 +11,7 @@ import click
 from ferry.cli.complete import complete_job
 from ferry.cli.jobs import EPILOG
 from ferry.cli.output import emit_json, json_option
-from ferry.cli.params import POSITIVE_SECONDS, SECONDS
-from ferry.errors import ConfigError
+from ferry.cli.params import POSITIVE_SECONDS, SECONDS, check_timeout
 from ferry.knobs import GRACE_SECONDS, REQUEST_TIMEOUT_SECONDS
 from ferry.ops import migrate as ops
 from ferry.ops.jobs import find_job
@@ -25,12 +24,6 @@ def _progress(as_json: bool) -> ops.Progress:
         click.echo(f"ferry: {message}", err=True)
 
     return (lambda message: None) if as_json else note
-
-
-def _positive(timeout: float) -> float:
-    if timeout <= 0:  # POSITIVE_SECONDS checked it already: for callers from Python
-        raise ConfigError(f"--timeout must be > 0, got {timeout:g}")
-    return timeout
 
 
 timeout_option = click.option(
@@ -67,7 +60,7 @@ def migrate_cmd(job: str, target: str, unchecked_devices: bool, timeout: float, 
     under `ferry run --restarts N`.
     """
     result = ops.migrate(
-        find_job(job), target, _positive(timeout), _progress(as_json), unchecked=unchecked_devices
+        find_job(job), target, check_timeout(timeout), _progress(as_json), unchecked=unchecked_devices
     )
     if as_json:
         emit_json(result.to_dict())
@@ -92,7 +85,7 @@ def export_cmd(job: str, dest_url: str, timeout: float, as_json: bool) -> None:
     directory, the environment that matters, versions) and checkpoints/<name>/.
     A job that is not running gets its newest committed checkpoint exported.
     """
-    bundle = ops.export(find_job(job), dest_url, _positive(timeout), _progress(as_json))
+    bundle = ops.export(find_job(job), dest_url, check_timeout(timeout), _progress(as_json))
     if as_json:
         emit_json(bundle)
         return

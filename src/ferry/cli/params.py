@@ -11,6 +11,7 @@ import math
 import click
 
 from ferry.config import MAX_SECONDS
+from ferry.errors import ConfigError
 
 
 class Seconds(click.ParamType[float, object]):
@@ -41,3 +42,12 @@ SECONDS = Seconds()
 """Zero or more seconds (0 has a meaning of its own where it is accepted, e.g. --grace 0)."""
 POSITIVE_SECONDS = Seconds(above=True)
 """More than zero seconds."""
+
+
+def check_timeout(timeout: float) -> float:
+    """A wait's ``--timeout`` as given from Python (the CLI's own are parsed above, or here
+    where the command keeps its one-line error): finite, > 0, at most MAX_SECONDS. ``nan``
+    would otherwise pass a ``<= 0`` check and never time out."""
+    if not (math.isfinite(timeout) and 0 < timeout <= MAX_SECONDS):
+        raise ConfigError(f"--timeout must be a number of seconds > 0 and at most a year, got {timeout:g}")
+    return timeout
