@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import threading
 import time
 from typing import Any
 
 import torch.distributed as dist
+from gloo_exit import skip_finalization
 
 import ferry
 
@@ -66,12 +66,7 @@ def main() -> None:
         f.write(json.dumps(value) + "\n")
     ferry.close()  # the session lets go of the group before the group goes
     dist.barrier()  # no rank tears gloo down under another still talking to it
-    # Every output is written and ferry is closed. In about one run in four, gloo aborts at
-    # interpreter teardown on rank 1 ("terminate called without an active exception",
-    # SIGABRT; seen once without ferry as well): not what this script is for, so it leaves
-    # without tearing the interpreter down. Open in the closing note of this session.
-    sys.stdout.flush()
-    os._exit(0)
+    skip_finalization()
 
 
 if __name__ == "__main__":
