@@ -181,28 +181,30 @@ def test_a_deeply_nested_tree_is_refused_before_it_is_walked(tmp_path: Path) -> 
 
 
 def test_dcp_reads_only_files_the_manifest_lists_and_verified(tmp_path: Path) -> None:
-    """Sharded state: DCP unpickles ``.metadata``, so nothing may sit in ``dcp/`` that the
-    manifest does not list (and the load did not verify), and nothing but regular files."""
+    """Sharded state: nothing may sit in ``dcp/`` that the manifest does not list (and the
+    load did not verify), nothing but regular files, and never DCP's pickled ``.metadata``."""
     from ferry.engine.sharded import check_listed
 
     root = tmp_path / "ck"
-    files = {"dcp/.metadata": b"meta", "dcp/__0_0.distcp": b"shard"}
+    files = {"dcp/metadata.json": b"meta", "dcp/shards-0.bin": b"shard"}
     save(state(1.0), str(root), step=1, extra_files=files)
     dcp = root / STEP1 / "dcp"
     check_listed(str(dcp))
-    (dcp / "__1_0.distcp").write_bytes(b"planted")
+    (dcp / "shards-1.bin").write_bytes(b"planted")
     with pytest.raises(UnsafeCheckpointError, match="not a file the manifest lists"):
         check_listed(str(dcp))
-    (dcp / "__1_0.distcp").unlink()
-    (dcp / "__0_0.distcp").unlink()
-    (dcp / "__0_0.distcp").symlink_to(tmp_path)
+    (dcp / "shards-1.bin").unlink()
+    (dcp / "shards-0.bin").unlink()
+    (dcp / "shards-0.bin").symlink_to(tmp_path)
     with pytest.raises(UnsafeCheckpointError):
         check_listed(str(dcp))
 
     bare = tmp_path / "bare"
-    save(state(1.0), str(bare), step=1, extra_files={"dcp/__0_0.distcp": b"shard"})
+    save(state(1.0), str(bare), step=1, extra_files={"dcp/shards-0.bin": b"shard"})
+    with pytest.raises(UnsafeCheckpointError, match=r"metadata\.json is not listed"):
+        check_listed(str(bare / STEP1 / "dcp"))
     (bare / STEP1 / "dcp" / ".metadata").write_bytes(b"\x80\x04planted pickle")
-    with pytest.raises(UnsafeCheckpointError, match="not listed"):
+    with pytest.raises(UnsafeCheckpointError, match="pickled description"):
         check_listed(str(bare / STEP1 / "dcp"))
 
 

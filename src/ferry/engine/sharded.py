@@ -2,30 +2,32 @@
 
 Each sharded model is saved together with the optimizers that train it, as DCP state
 dicts, into the ``dcp/`` folder of the checkpoint being staged; every rank writes its own
-shards and rank 0 DCP's ``.metadata``. DCP reshards on load, so such a checkpoint can be
-restored on another number of ranks. All calls are collectives on the training thread.
+shards and rank 0 the description of them. DCP reshards on load, so such a checkpoint can
+be restored on another number of ranks. All calls are collectives on the training thread.
 
-DCP's ``.metadata`` is a pickle, and DCP unpickles the non-tensor values of an optimizer's
-state (``torch.load(weights_only=False)``): loading them runs whatever code they name.
-Ferry's own format never does (docs/format.md, "Threat model"); for sharded state ferry
-only makes sure that DCP reads nothing but the files the manifest lists, each a regular
-file that has just been verified against the manifest's checksum. That catches damage,
-not an attacker, who can recompute an xxh3: a sharded checkpoint must come from a source
-as trusted as the code that trains from it.
+DCP plans; the bytes go through ferry's own storage writer and reader (dcpio.py): the
+description is JSON (``dcp/metadata.json``), chunks are raw bytes, plain values (an
+optimizer's hyperparameters) ferry's wire format. Nothing on this path is a pickle, so
+loading a sharded checkpoint runs no code, whoever made it (docs/format.md, "Threat
+model"). DCP's own ``.metadata`` (a pickle) is never read: a checkpoint holding one is
+refused.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from ferry.engine import dcpio
 from ferry.engine.catalog import split_url
+from ferry.engine.dcpdesc import METADATA, SHARDS, shards_file
 from ferry.engine.reader import read_manifest
-from ferry.errors import CorruptCheckpointError, FerryError, UnsafeCheckpointError
+from ferry.errors import CorruptCheckpointError, FerryError, StorageError, UnsafeCheckpointError
 
 DCP_DIR = "dcp"
 
@@ -75,17 +77,25 @@ def optimizers_saved(sharded: dict[str, tuple[nn.Module, list[Any]]]) -> dict[st
 def save(sharded: dict[str, tuple[nn.Module, list[Any]]], path: str) -> dict[str, bool]:
     """Save; returns ``optimizers_saved(sharded)``."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     with_optim = optimizers_saved(sharded)
-    dcp.save(_state(sharded, with_optim), checkpoint_id=path)  # type: ignore[attr-defined]
+    writer, planner = dcpio.Writer(path), dcpio.SavePlanner()
+    try:
+        dcp.save(_state(sharded, with_optim), storage_writer=writer, planner=planner)  # type: ignore[attr-defined]
+    except CheckpointException as exc:  # a BaseException: every rank gets it, from every rank
+        raise _dcp_failed(
+            exc, lambda why: StorageError(f"{path}: saving the sharded state failed ({why})")
+        ) from exc
     return with_optim
 
 
 def check_listed(path: str) -> None:
     """Refuse a DCP folder (``path``, the ``dcp/`` of a checkpoint) holding anything the
     checkpoint's manifest does not list (so was not verified when the checkpoint was
-    read), or anything that is not a regular file: DCP would follow a link, block on a
-    FIFO, and unpickle a ``.metadata`` planted beside the listed files."""
+    read), anything that is not a regular file, or DCP's own pickled ``.metadata``, even
+    listed: ferry reads its description from ``metadata.json`` only, and a pickle there
+    says the folder was made by something else."""
     storage, name = split_url(os.path.dirname(path.rstrip("/")))
     if name is None:
         raise UnsafeCheckpointError(f"{path} is not the sharded state of a committed checkpoint; refused")
@@ -99,34 +109,40 @@ def check_listed(path: str) -> None:
         raise CorruptCheckpointError(f"{path} is missing: the checkpoint has no sharded state") from exc
     except OSError as exc:
         raise CorruptCheckpointError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    if ".metadata" not in listed:
-        raise UnsafeCheckpointError(f"{path}/.metadata is not listed in the manifest; refused")
+    if ".metadata" in listed or any(e.name == ".metadata" for e in entries):
+        raise UnsafeCheckpointError(
+            f"{path}/.metadata is torch.distributed.checkpoint's pickled description, which could run "
+            "code when read; ferry writes and reads metadata.json only: refused, resume from another one"
+        )
+    if METADATA not in listed:
+        raise UnsafeCheckpointError(f"{path}/{METADATA} is not listed in the manifest; refused")
     for entry in entries:
         if entry.name not in listed or not entry.is_file(follow_symlinks=False):
             raise UnsafeCheckpointError(
-                f"{path}/{entry.name} is not a file the manifest lists and verified; refused, since "
-                "torch.distributed.checkpoint would read it: resume from another checkpoint"
+                f"{path}/{entry.name} is not a file the manifest lists and verified; refused: "
+                "resume from another checkpoint"
             )
+        if entry.name != METADATA and not SHARDS.fullmatch(entry.name):
+            raise UnsafeCheckpointError(f"{path}/{entry.name} is not a file ferry writes there; refused")
 
 
 def load(sharded: dict[str, tuple[nn.Module, list[Any]]], path: str, with_optim: dict[str, bool]) -> None:
     """Load the sharded models of the checkpoint whose DCP folder is ``path``; the
     checkpoint has been read (its files verified) already."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     check_listed(path)
+    description = dcpio.read_description(path)
     state = _state(sharded, with_optim)
     try:
-        dcp.load(state, checkpoint_id=path)  # type: ignore[attr-defined]
+        reader, planner = dcpio.Reader(path, description), dcpio.LoadPlanner()
+        dcp.load(state, storage_reader=reader, planner=planner)  # type: ignore[attr-defined]
     except FerryError:
         raise
-    except Exception as exc:  # every rank gets it: DCP gathers the failures of all
-        why = " ".join(str(exc).split())[:300]
-        raise CorruptCheckpointError(
-            f"{path}: torch.distributed.checkpoint could not load the sharded state ({type(exc).__name__}: "
-            f"{why}); resume from another checkpoint"
-        ) from exc
+    except (Exception, CheckpointException) as exc:  # every rank gets it: DCP gathers the failures of all
+        raise _dcp_failed(exc, lambda why: _unloadable(path, why)) from exc
     for name, (model, opts) in sharded.items():
         optim = state[name].get("optim")
         set_state_dict(
@@ -137,7 +153,29 @@ def load(sharded: dict[str, tuple[nn.Module, list[Any]]], path: str, with_optim:
         )
 
 
+def _unloadable(path: str, why: str) -> FerryError:
+    return CorruptCheckpointError(
+        f"{path}: torch.distributed.checkpoint could not load the sharded state ({why}); "
+        "resume from another checkpoint"
+    )
+
+
+def _dcp_failed(exc: BaseException, wrap: Callable[[str], FerryError]) -> FerryError:
+    """One line for a failed DCP call: the first rank's own ferry error where there is one
+    (DCP wraps what each rank raised in a CheckpointException whose text is a traceback),
+    else ``wrap`` of the first rank's exception, named."""
+    failures = getattr(exc, "failures", None)
+    first: BaseException = exc
+    if isinstance(failures, dict) and failures:
+        wrapped = [f[0] if isinstance(f, tuple) else f for _, f in sorted(failures.items())]
+        ours = [f for f in wrapped if isinstance(f, FerryError)]
+        if ours:
+            return ours[0]
+        first = wrapped[0] if isinstance(wrapped[0], BaseException) else exc
+    return wrap(f"{type(first).__name__}: " + " ".join(str(first).split())[:300])
+
+
 def written_by(path: str, rank: int) -> list[str]:
-    """The DCP files this rank wrote (its shards; rank 0 also the metadata)."""
-    names = sorted(os.listdir(path)) if os.path.isdir(path) else []
-    return [n for n in names if n.startswith(f"__{rank}_") or (rank == 0 and n == ".metadata")]
+    """The DCP files this rank wrote (its shards; rank 0 also the description)."""
+    names = [shards_file(rank), *([METADATA] if rank == 0 else [])]
+    return [n for n in names if os.path.isfile(os.path.join(path, n))]
