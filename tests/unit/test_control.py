@@ -258,10 +258,20 @@ def _plant(job: JobDir, kind: str, tmp_path: Path) -> str:
         Path(path).write_text("[1, 2]")
     elif kind == "directory":
         os.mkdir(path)
+    elif kind == "full-directory":
+        os.makedirs(os.path.join(path, "inside"))
+        Path(path, "inside", "req-x.json").write_text("{}")
+    elif kind == "unreadable":
+        Path(path).write_text(json.dumps({"id": kind, "action": "stop", "created": 1.0}))
+        os.chmod(path, 0)
+    elif kind == "other-owner":
+        Path(path).write_text(json.dumps({"id": kind, "action": "stop", "created": 1.0}))
+        os.chown(path, NOBODY, NOBODY)
     return kind
 
 
-KINDS = ["symlink", "fifo", "oversized", "malformed-created", "malformed-env", "not-an-object", "directory"]
+KINDS = ["symlink", "fifo", "oversized", "malformed-created", "malformed-env", "not-an-object", "directory",
+         "full-directory"] + (["other-owner"] if os.getuid() == 0 else ["unreadable"])  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -280,3 +290,10 @@ def test_a_request_that_is_not_a_small_regular_json_file_is_refused_and_answered
     assert answer["ok"] is False and "refused" in answer["error"], answer
     if kind == "symlink":
         assert (tmp_path / "target.json").exists()  # the link's target is left alone
+    # answered once: the entry is gone from the requests' names, and the next poll is quiet
+    assert not [n for n in os.listdir(job.control) if n.startswith("req-")]
+    os.unlink(os.path.join(job.control, f"resp-{rid}.json"))
+    assert ControlInbox(job).poll() == []
+    left = os.listdir(job.control)
+    assert all(n.startswith("refused-") for n in left), left  # no second answer
+    assert bool(left) == kind.endswith("directory")  # a folder is set aside, the rest removed

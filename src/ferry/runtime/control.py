@@ -5,7 +5,9 @@ the worker picks requests up at its next safe point and answers with
 ``control/resp-<id>.json``. Only requests owned by the job's own user are obeyed: the
 directory is 0700, and the worker checks each file's owner anyway. A request is parsed
 whole (``RequestDoc``) before the worker acts on it: one that is not a small regular file
-of well-typed fields is refused, answered and logged, never raised into the training loop.
+of well-typed fields is refused, answered and logged, never raised into the training loop,
+and then removed (or, when it cannot be, set aside under another name or remembered), so
+that it is answered once, not at every poll.
 """
 
 from __future__ import annotations
@@ -141,12 +143,24 @@ def wait_response(
         time.sleep(0.05)
 
 
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    return "a device or socket"
+
+
 class ControlInbox:
     """The worker's side: collect pending requests, answer them."""
 
     def __init__(self, job: JobDir) -> None:
         self.job = job
         self.uid = os.getuid()
+        self._stuck: set[tuple[str, int]] = set()
+        """Refused entries (name, inode) that could be neither removed nor set aside."""
 
     def poll(self) -> list[Request]:
         if not self.job.writer:  # rank 0 reads requests; the ranks then agree
@@ -164,6 +178,8 @@ class ControlInbox:
                 st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
+            if (entry.name, st.st_ino) in self._stuck:
+                continue
             request = self._take(rid, entry.path, st)
             if request is not None:
                 requests.append(request)
@@ -176,16 +192,17 @@ class ControlInbox:
         if st.st_uid != self.uid:
             why = f"refused: request owned by uid {st.st_uid}, the job runs as uid {self.uid}"
         elif not stat.S_ISREG(st.st_mode):
-            why = "refused: the request is not a regular file (a link, a pipe); nothing was done"
+            why = f"refused: the request is {_kind(st.st_mode)}, not a regular file; nothing was done"
         else:
             try:
                 raw = read_json(path, MAX_REQUEST_BYTES, owner=self.uid)
             except ValueError as exc:  # garbled or oversized: answered, never re-read
                 why = f"refused: the request is not readable JSON ({exc}); nothing was done"
-            except OSError:
-                return None  # gone meanwhile, or replaced by a link: looked at next time
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+            except FileNotFoundError:
+                return None  # withdrawn meanwhile
+            except OSError as exc:  # unreadable (mode 000), or swapped for a link since the stat
+                why = f"refused: the request cannot be read ({exc.strerror or exc}); nothing was done"
+        self._dispose(rid, path, st)
         if why is None:
             try:
                 return parse_request(rid, raw)
@@ -194,6 +211,26 @@ class ControlInbox:
         log.warning("ferry: control request %s ignored: %s", rid, why)
         self.respond(rid, ok=False, error=why)
         return None
+
+    def _dispose(self, rid: str, path: str, st: os.stat_result) -> None:
+        """Remove a request taken; a folder (which ``unlink`` cannot remove, and which may
+        hold anything) is renamed out of the requests' names instead, and what neither
+        works on is remembered, so that no entry is answered twice."""
+        try:
+            os.unlink(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            pass
+        aside = os.path.join(self.job.control, f"refused-{rid}-{uuid.uuid4().hex[:8]}")
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            log.warning("ferry: cannot remove the refused request %s (%s); ignored from now on", path, exc)
+            self._stuck.add((os.path.basename(path), st.st_ino))
 
     def respond(self, rid: str, *, ok: bool, **fields: object) -> None:
         doc = {"id": rid, "ok": ok, "time": time.time(), **fields}
