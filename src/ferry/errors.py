@@ -58,3 +58,10 @@ class ProcessCheckpointError(FerryError):
     """Process-level (CUDA driver / CRIU) checkpointing is unavailable or failed."""
 
     exit_code = 9
+
+
+def bug(what: str) -> FerryError:
+    """An invariant of ferry's own code that does not hold. Raised, not asserted: a one-line
+    ferry error that ends the job the way every other one does (an ``assert`` would be an
+    AssertionError with a traceback, and would be skipped altogether under ``python -O``)."""
+    return FerryError(f"ferry internal error: {what}; this is a bug in ferry, please report it")

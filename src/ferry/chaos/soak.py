@@ -31,7 +31,7 @@ from ferry.chaos.faults import DiskFiller, kill_tree, leaves
 from ferry.chaos.outputs import absolute_command, compare_outputs
 from ferry.chaos.remote import S3Remote
 from ferry.chaos.summary import Summary
-from ferry.errors import ConfigError, CorruptCheckpointError, FerryError, JobError
+from ferry.errors import ConfigError, CorruptCheckpointError, FerryError, JobError, bug
 from ferry.knobs import (
     CHAOS_BACKOFF_SECONDS,
     CHAOS_OUTAGE_SECONDS,
@@ -349,7 +349,8 @@ class Soak:
         elif kind == "disk-full":
             self._disk_full(job, sup)
         elif kind == "remote-down":
-            assert self.remote is not None
+            if self.remote is None:
+                raise bug("a remote-down fault without a remote")
             seconds = self.rng.uniform(*self.options.outage)
             self.remote.outage(seconds)  # back up from _inject_while, while training goes on
         return False
@@ -357,7 +358,8 @@ class Soak:
     def _disk_full(self, job: JobDir, sup: subprocess.Popen[bytes]) -> None:
         """Fill the checkpoint filesystem, ask for a checkpoint, free it once the save was
         answered (or the worker went away)."""
-        assert self.disk is not None
+        if self.disk is None:
+            raise bug("a disk-full fault without a disk to fill")
         self.disk.fill()
         try:
             rid = control.submit(job, "checkpoint")

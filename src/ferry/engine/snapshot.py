@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ferry.engine.format import ALIGN, Flattened, layout, torch_dtype
+from ferry.errors import bug
 from ferry.storage.pools import submit
 
 
@@ -105,7 +106,8 @@ def snapshot(flat: Flattened, buffer: HostBuffer) -> tuple[torch.Tensor, int]:
         if src is not None:
             jobs.append((host_np[entry.offset : entry.offset + entry.nbytes], src))
         else:
-            assert isinstance(arr, torch.Tensor)
+            if not isinstance(arr, torch.Tensor):
+                raise bug("an array without host bytes that is not a tensor")
             dst = host[entry.offset : entry.offset + entry.nbytes]
             dst.view(torch_dtype(entry.dtype)).view(arr.shape).copy_(arr, non_blocking=on_cuda)
     _copy_host(jobs)
@@ -140,12 +142,15 @@ def direct_segments(flat: Flattened) -> tuple[list[memoryview], int] | None:
             segments.append(memoryview(bytes(entry.offset - pos)))
         data = _host_bytes(arr)
         if data is None:  # strided, or a conj/neg view: a contiguous copy of this one
-            assert isinstance(arr, torch.Tensor)
+            if not isinstance(arr, torch.Tensor):
+                raise bug("an array without host bytes that is not a tensor")
             data = _host_bytes(arr.resolve_conj().resolve_neg().contiguous())
-            assert data is not None
+            if data is None:
+                raise bug("a contiguous host copy without host bytes")
         segments.append(memoryview(data).cast("B"))  # type: ignore[arg-type]
         pos = entry.offset + entry.nbytes
     if size > pos:
         segments.append(memoryview(bytes(size - pos)))
-    assert size - pos < ALIGN and sum(len(s) for s in segments) == size
+    if not (size - pos < ALIGN and sum(len(s) for s in segments) == size):
+        raise bug("the direct segments do not cover the data file")
     return segments, size

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ferry.errors import UnsupportedStateError
+from ferry.errors import UnsupportedStateError, bug
 from ferry.state.loader import _generators, apply_epoch_rng, capture_epoch_rng
 from ferry.state.rng import own
 
@@ -59,7 +59,8 @@ class _Batches:
         # throws away (or a multi-worker iterator's extra iter() call) draws nothing.
         pos = self.position
         loader = pos.loader
-        assert loader is not None
+        if loader is None:
+            raise bug("a tracked loader without its DataLoader")
         pending, pos.pending = pos.pending, None
         stash = capture_epoch_rng(loader)
         if pending is None:

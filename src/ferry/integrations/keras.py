@@ -16,6 +16,7 @@ import keras
 import numpy as np
 
 from ferry import session as _session
+from ferry.errors import bug
 from ferry.integrations._position import LoaderPosition
 
 
@@ -53,7 +54,8 @@ class FerryCallback(keras.callbacks.Callback):  # type: ignore[misc]
     def __init__(self, model: Any, loader: Any) -> None:
         super().__init__()
         self.session = _session.current()
-        assert self.session is not None
+        if self.session is None:
+            raise bug("no ferry session in this process")
         self.position = LoaderPosition()
         self.position.attach(loader)
         self.state = KerasState(model)
@@ -70,7 +72,8 @@ class FerryCallback(keras.callbacks.Callback):  # type: ignore[misc]
         model = self.state.model
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
-        assert self.session is not None
+        if self.session is None:
+            raise bug("no ferry session in this process")
         self.session.track(keras=self.state, keras_progress=self.progress, keras_data=self.position)
         self.session.restore()
 
@@ -80,5 +83,6 @@ class FerryCallback(keras.callbacks.Callback):  # type: ignore[misc]
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         if self.position.batch_done():  # the epoch is complete: a resume starts the next one
             self.progress["epoch"] += 1
-        assert self.session is not None
+        if self.session is None:
+            raise bug("no ferry session in this process")
         self.session.step()  # a safe point: checkpoints when one is due, exits 85 after a stop

@@ -30,7 +30,7 @@ except ImportError:  # the standalone package
     )
 
 from ferry import session as _session
-from ferry.errors import FerryError
+from ferry.errors import FerryError, bug
 from ferry.integrations._position import LoaderPosition
 
 
@@ -60,7 +60,8 @@ class FerryCallback(pl.Callback):  # type: ignore[misc]
             objects[f"optimizer{i}"] = optimizer
         for i, config in enumerate(trainer.lr_scheduler_configs):
             objects[f"scheduler{i}"] = config.scheduler
-        assert self.session is not None
+        if self.session is None:
+            raise bug("no ferry session in this process")
         self.session.track(**{f"lightning_{name}": obj for name, obj in objects.items()})
         self.session.restore()
 
@@ -68,5 +69,6 @@ class FerryCallback(pl.Callback):  # type: ignore[misc]
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self.position.batch_done()
-        assert self.session is not None
+        if self.session is None:
+            raise bug("no ferry session in this process")
         self.session.step()  # a safe point: checkpoints when one is due, exits 85 after a stop

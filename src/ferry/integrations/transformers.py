@@ -29,6 +29,7 @@ import torch
 from transformers import TrainerCallback
 
 from ferry import session as _session
+from ferry.errors import bug
 from ferry.state.rng import own
 
 
@@ -73,7 +74,8 @@ class FerryCallback(TrainerCallback):  # type: ignore[misc]
         (None when starting fresh). ``folder`` defaults to a new local temporary folder (the
         checkpoint directory may be remote)."""
         session = self.session
-        assert session is not None
+        if session is None:
+            raise bug("no ferry session in this process")
         session.track(hf_model=trainer.model, hf_progress=self.progress, hf_rng=self.rng)
         if not session.resumed or self.progress["trainer_state"] is None:
             return None
@@ -82,12 +84,14 @@ class FerryCallback(TrainerCallback):  # type: ignore[misc]
         with open(os.path.join(folder, "trainer_state.json"), "w") as f:
             f.write(self.progress["trainer_state"])
         torch.save(trainer.model.state_dict(), os.path.join(folder, "pytorch_model.bin"))
-        assert self.rng.saved is not None
+        if self.rng.saved is None:
+            raise bug("the trainer's RNG streams were not captured")
         torch.save(self.rng.saved, os.path.join(folder, "rng_state.pth"))
         return folder
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        assert self.session is not None
+        if self.session is None:
+            raise bug("no ferry session in this process")
         objects = {"hf_model": kwargs["model"], "hf_progress": self.progress, "hf_rng": self.rng}
         if kwargs.get("optimizer") is not None:
             objects["hf_optimizer"] = kwargs["optimizer"]
@@ -98,5 +102,6 @@ class FerryCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.progress["trainer_state"] = json.dumps(dataclasses.asdict(state), indent=2, sort_keys=True)
-        assert self.session is not None
+        if self.session is None:
+            raise bug("no ferry session in this process")
         self.session.step()  # a safe point: checkpoints when one is due, exits 85 after a stop

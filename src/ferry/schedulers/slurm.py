@@ -37,7 +37,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ferry.errors import ConfigError
+from ferry.errors import ConfigError, bug
 from ferry.knobs import SLURM_MAX_REQUEUES as DEFAULT_MAX_REQUEUES
 from ferry.schedulers.base import AdapterDefaults
 
@@ -102,7 +102,8 @@ def requeue_decision(
     if run.restart >= max_requeues:
         return Decision.BUDGET_SPENT
     if run.owns(claim, run.restart):
-        assert claim is not None
+        if claim is None:
+            raise bug("a requeue claim owned but absent")
         written = claim.get("time")
         stale = (
             run.started is not None
@@ -112,7 +113,8 @@ def requeue_decision(
         if not stale:  # else an earlier SLURM job with the same id wrote it (ids start again at 1)
             return Decision.ALREADY_REQUEUED
     if run.restart > 0 and run.owns(previous, run.restart - 1):
-        assert previous is not None
+        if previous is None:
+            raise bug("the previous requeue claim owned but absent")
         if previous.get("step") == step:
             return Decision.NO_PROGRESS
     return Decision.REQUEUE

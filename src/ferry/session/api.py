@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ferry.config import Config
-from ferry.errors import FerryError
+from ferry.errors import FerryError, bug
 from ferry.session.core import Session
 
 _CURRENT: Session | None = None
@@ -52,7 +52,8 @@ def configure(**settings: Any) -> Session:
 
 def _session() -> Session:
     session = current()
-    assert session is not None
+    if session is None:
+        raise bug("no ferry session in this process")
     return session
 
 

@@ -20,7 +20,7 @@ from ferry.config import Config
 from ferry.engine import CheckpointInfo, Loaded
 from ferry.engine.format import is_stateful
 from ferry.engine.transfer import Transfer, TransferPolicy
-from ferry.errors import FerryError, UnsupportedStateError
+from ferry.errors import FerryError, UnsupportedStateError, bug
 from ferry.knobs import STATUS_SECONDS
 from ferry.runtime.control import ControlInbox, Request
 from ferry.runtime.identity import default_job_id
@@ -191,7 +191,8 @@ class Session(Hooks):
             self.objects.update(self.discover())
 
     def _restore_all(self) -> None:
-        assert self._resume is not None
+        if self._resume is None:
+            raise bug("a restore without a checkpoint to resume from")
         t0 = time.perf_counter()
         self._discover()
         seconds = self._resume.apply(self.objects, self.loaders, t0)
@@ -340,7 +341,8 @@ class Session(Hooks):
             self.report.awaiting(self.global_step, requests)
             self._last_step = self.global_step
             info = self._write(blocking=True)
-            assert info is not None
+            if info is None:
+                raise bug("a blocking save returned no checkpoint")
         except Exception as exc:  # whatever went wrong, the job must say so and exit distinctly
             code = self.report.stop_failed(self.global_step, exc, requests)
             self.close()

@@ -11,6 +11,7 @@ from typing import Protocol
 from ferry.config import Config
 from ferry.engine import CheckpointInfo
 from ferry.engine.transfer import Transfer
+from ferry.errors import bug
 from ferry.runtime.control import ControlInbox, Request
 from ferry.runtime.grace import slow_save_warning
 from ferry.runtime.jobdir import JobDir
@@ -102,7 +103,8 @@ class Reporter:
 
     def _push(self, name: str, step: int) -> None:
         """Copy a committed checkpoint to the remote; the outcome lands in the job's events."""
-        assert self.transfer is not None
+        if self.transfer is None:
+            raise bug("a push without a transfer")
         handle = self.transfer.push(name)
 
         def record(error: BaseException | None, url: str | None) -> None:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from ferry.errors import bug
 from ferry.state.rng import own, set_generator_state
 
 log = logging.getLogger("ferry")
@@ -102,7 +103,8 @@ class _SkipIter:
 
     def __next__(self) -> Any:
         self.prime()
-        assert self._it is not None
+        if self._it is None:
+            raise bug("a loader skip without an iterator")
         if self._head is not _END:
             head, self._head = self._head, _END
             return head
@@ -337,7 +339,8 @@ auto_track: Callable[[DataLoader[Any]], LoaderTracker | None] | None = None
 
 
 def _iter(self: DataLoader[Any]) -> Iterator[Any]:
-    assert _original_iter is not None
+    if _original_iter is None:
+        raise bug("DataLoader.__iter__ was not captured before it was patched")
     tracker = _TRACKED.get(self)
     if tracker is None and auto_track is not None:
         tracker = auto_track(self)

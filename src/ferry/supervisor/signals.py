@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from ferry.errors import bug
 from ferry.supervisor.stopping import StopProgress, grace_kill_notice, signal_name, stop_notice, stop_progress
 
 if TYPE_CHECKING:
@@ -162,7 +163,8 @@ class SignalPump:
         left = self._kill_at - time.monotonic()
         if left > 0:
             return min(poll, left)
-        assert self.stop_signal is not None and self.grace_seconds is not None
+        if self.stop_signal is None or self.grace_seconds is None:
+            raise bug("an escalation is due with no stop signal recorded")
         name = signal_name(self.stop_signal)
         self.progress = stop_progress(self.job.status())
         log.error("%s", grace_kill_notice(name, self.grace_seconds, self.progress))

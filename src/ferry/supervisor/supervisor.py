@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ferry.config import Config
-from ferry.errors import ConfigError
+from ferry.errors import ConfigError, bug
 from ferry.knobs import LEFTOVER_SECONDS, POLL_SECONDS
 from ferry.runtime import handoff
 from ferry.runtime.identity import default_job_id
@@ -100,11 +100,13 @@ class Supervisor:
 
     @property
     def _handoff_dir(self) -> str:
-        assert self.job is not None
+        if self.job is None:
+            raise bug("the supervisor has no job directory")
         return handoff_dir(self.job.path)
 
     def _begin(self) -> None:
-        assert self.job is not None
+        if self.job is None:
+            raise bug("the supervisor has no job directory")
         try:
             import pwd
 
@@ -144,7 +146,8 @@ class Supervisor:
         )
 
     def _start(self) -> WorkerGroup:
-        assert self.job is not None and self.pump is not None
+        if self.job is None or self.pump is None:
+            raise bug("the supervisor has no job directory or signal pump")
         env = worker_env(
             self._user_env(),
             self.options,
@@ -185,7 +188,8 @@ class Supervisor:
     def _lock_fds(self) -> tuple[int, ...]:
         """The job's lock and its checkpoint root's: the worker holds them too, so that they
         stay held while it lives, whatever happens to the supervisor."""
-        assert self.job is not None
+        if self.job is None:
+            raise bug("the supervisor has no job directory")
         fds = [self.job.lock_fd, None if self.root_lock is None else self.root_lock.fd]
         return tuple(fd for fd in fds if fd is not None)
 
@@ -198,7 +202,8 @@ class Supervisor:
 
     def _watch(self, worker: WorkerGroup) -> int:
         """Forward signals until the worker exits; returns its Popen return code."""
-        assert self.pump is not None
+        if self.pump is None:
+            raise bug("the supervisor has no signal pump")
         while True:
             self.pump.forward(worker)
             returncode = worker.poll()
@@ -209,7 +214,8 @@ class Supervisor:
     # ------------------------------------------------------------------ after the worker
     def _after_exit(self, worker: WorkerGroup, returncode: int) -> int | None:
         """The supervisor's exit status, or None to start the worker again."""
-        assert self.job is not None and self.pump is not None
+        if self.job is None or self.pump is None:
+            raise bug("the supervisor has no job directory or signal pump")
         self._down_since = time.time()
         self.pump.forward(worker)  # a stop signal that came with the exit decides against a restart
         self.job.event(
@@ -261,7 +267,8 @@ class Supervisor:
         )
 
     def _restart_in_place(self, decision: Decision) -> None:
-        assert self.job is not None
+        if self.job is None:
+            raise bug("the supervisor has no job directory")
         self.restarts += 1
         self._restart_env.update(decision.env)
         status = self.job.status()
@@ -272,7 +279,8 @@ class Supervisor:
 
     def _sleep(self, seconds: float) -> bool:
         """Wait with no worker running; False when a stop signal arrives meanwhile."""
-        assert self.pump is not None
+        if self.pump is None:
+            raise bug("the supervisor has no signal pump")
         deadline = time.monotonic() + seconds
         while True:
             self.pump.forward(None)
@@ -284,7 +292,8 @@ class Supervisor:
             self.pump.wait(left)
 
     def _end(self, state: str, code: int, message: str) -> int:
-        assert self.job is not None
+        if self.job is None:
+            raise bug("the supervisor has no job directory")
         handoff.discard(self._handoff_dir)
         fields: dict[str, Any] = {"exit_code": code, "ended": time.time()}
         if state == "failed":
