@@ -12,6 +12,7 @@ from ferry.cli.complete import complete_job
 from ferry.cli.jobs import EPILOG
 from ferry.cli.output import emit_json, json_option
 from ferry.cli.params import POSITIVE_SECONDS, SECONDS, check_timeout
+from ferry.cli.progress import meter_for
 from ferry.knobs import GRACE_SECONDS, REQUEST_TIMEOUT_SECONDS
 from ferry.ops import migrate as ops
 from ferry.ops.jobs import find_job
@@ -85,7 +86,8 @@ def export_cmd(job: str, dest_url: str, timeout: float, as_json: bool) -> None:
     directory, the environment that matters, versions) and checkpoints/<name>/.
     A job that is not running gets its newest committed checkpoint exported.
     """
-    bundle = ops.export(find_job(job), dest_url, check_timeout(timeout), _progress(as_json))
+    record = find_job(job)
+    bundle = ops.export(record, dest_url, check_timeout(timeout), _progress(as_json), meter_for(as_json))
     if as_json:
         emit_json(bundle)
         return
@@ -133,7 +135,9 @@ def resume_cmd(
     job_id = job_id or default_job_id()
     target = checkpoint_dir or os.path.join("ferry-checkpoints", job_id)
     target = target if "://" in target else os.path.abspath(target)
-    argv, env, cwd, autotrack = ops.prepare_resume(source, target, list(command), gpus, _progress(as_json))
+    argv, env, cwd, autotrack = ops.prepare_resume(
+        source, target, list(command), gpus, _progress(as_json), meter_for(as_json)
+    )
     if cwd is not None:
         os.chdir(cwd)
     again = ops.resume_command(

@@ -16,7 +16,7 @@ import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import Protocol, TypedDict
 
 from ferry.autotrack import BOOT_DIR
 from ferry.errors import ConfigError, JobError, NoCheckpointError
@@ -30,6 +30,20 @@ from ferry.supervisor.options import SUPERVISOR_OWNED, check_command
 from ferry.typedjson import SchemaError, parse
 
 Progress = Callable[[str], None]
+
+
+class Meter(Protocol):
+    """Bytes moved by a long copy, for a live display (cli/progress.py draws one on a
+    terminal). Called in this order, on the copying thread: ``start``, ``advance`` for each
+    piece read, ``finish``."""
+
+    def start(self, what: str, total: int) -> None: ...
+
+    def advance(self, nbytes: int) -> None: ...
+
+    def finish(self) -> None: ...
+
+
 BUNDLE = "bundle.json"
 _JOB_SPECIFIC = (
     "FERRY_JOB_ID",
@@ -174,10 +188,11 @@ def migrate(
 
 
 # ---------------------------------------------------------------------- bundles
-def copy_checkpoint(src_url: str, dest: Storage, progress: Progress) -> str:
+def copy_checkpoint(src_url: str, dest: Storage, progress: Progress, meter: Meter | None = None) -> str:
     """Copy one committed checkpoint into ``dest`` under its own folder name, as one commit
     transaction there (committed the way ``dest`` commits: rename or marker), each file
-    checked against the manifest's checksum before it is made durable. Returns its URL."""
+    checked against the manifest's checksum before it is made durable. Returns its URL.
+    ``meter`` follows the bytes; ``progress`` gets the summary (size, time, throughput)."""
     from ferry.engine import list_checkpoints, split_url
     from ferry.engine.manifest import decode_manifest
 
@@ -189,13 +204,24 @@ def copy_checkpoint(src_url: str, dest: Storage, progress: Progress) -> str:
         name = refs[-1].name
     raw = src.read_bytes(f"{name}/{MANIFEST}")
     files = decode_manifest(raw, src.child_url(name))["files"]
-    total = 0
-    with Transaction.begin(dest, name) as txn:
-        for rel, meta in files.items():
-            expect = FileRecord(meta["size"], meta["xxh3_64"])
-            total += txn.add_copy(src, f"{name}/{rel}", rel, expect).size
-        txn.commit(raw)
-    progress(f"copied {name} ({total / 2**20:.1f} MiB) to {dest.child_url(name)}")
+    total, t0 = 0, time.monotonic()
+    if meter is not None:
+        meter.start(f"copying {name}", sum(meta["size"] for meta in files.values()))
+    try:
+        with Transaction.begin(dest, name) as txn:
+            for rel, meta in files.items():
+                expect = FileRecord(meta["size"], meta["xxh3_64"])
+                counted = None if meter is None else meter.advance
+                total += txn.add_copy(src, f"{name}/{rel}", rel, expect, counted=counted).size
+            txn.commit(raw)
+    finally:
+        if meter is not None:
+            meter.finish()
+    seconds = max(time.monotonic() - t0, 1e-6)
+    progress(
+        f"copied {name} ({total / 2**20:.1f} MiB in {seconds:.1f} s, {total / 2**20 / seconds:.1f} MiB/s) "
+        f"to {dest.child_url(name)}"
+    )
     return dest.child_url(name)
 
 
@@ -223,7 +249,9 @@ def relevant_env(env: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def export(record: JobRecord, dest_url: str, timeout: float, progress: Progress) -> dict[str, object]:
+def export(
+    record: JobRecord, dest_url: str, timeout: float, progress: Progress, meter: Meter | None = None
+) -> dict[str, object]:
     """Stop a running job with a checkpoint (or take a stopped job's newest one) and write a
     bundle at ``dest_url``: ``bundle.json`` and ``checkpoints/<name>/``."""
     dest = open_storage(dest_url)
@@ -249,7 +277,7 @@ def export(record: JobRecord, dest_url: str, timeout: float, progress: Progress)
             raise NoCheckpointError(f"job {record.id} has no checkpoint directory recorded")
         url = str(root)
         progress(f"job {record.id} is not running: exporting its newest committed checkpoint")
-    copied = copy_checkpoint(url, open_storage(dest.child_url("checkpoints")), progress)
+    copied = copy_checkpoint(url, open_storage(dest.child_url("checkpoints")), progress, meter)
     name = copied.rstrip("/").rsplit("/", 1)[-1]
     from ferry.engine.manifest import decode_manifest  # torch: imported when needed
 
@@ -291,7 +319,12 @@ def load_bundle(source: str) -> Bundle | None:
 
 
 def prepare_resume(
-    source: str, dest_dir: str, command: list[str], gpus: str | None, progress: Progress
+    source: str,
+    dest_dir: str,
+    command: list[str],
+    gpus: str | None,
+    progress: Progress,
+    meter: Meter | None = None,
 ) -> tuple[list[str], dict[str, str], str | None, bool]:
     """Copy the checkpoint into ``dest_dir``; returns (command, env, cwd, autotrack)."""
     from ferry.engine.catalog import list_checkpoints, split_url
@@ -335,7 +368,7 @@ def prepare_resume(
     existing = {r.name for r in list_checkpoints(dest)}
     same_root = ckpt.rstrip("/") == dest_dir.rstrip("/")
     if not same_root and (name is None or name not in existing):
-        copy_checkpoint(ckpt, dest, progress)
+        copy_checkpoint(ckpt, dest, progress, meter)
     if cwd is not None and not os.path.isdir(cwd):
         progress(f"warning: the job's working directory {cwd} does not exist here; using {os.getcwd()}")
         cwd = None
@@ -371,6 +404,7 @@ def resume_command(
 
 __all__ = [
     "Bundle",
+    "Meter",
     "Migration",
     "copy_checkpoint",
     "export",

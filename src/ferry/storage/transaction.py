@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -104,13 +104,25 @@ class Transaction:
         size, digest = write_hashed(self.storage, self.path(rel), data)
         return self._record(rel, FileRecord(size, digest))
 
-    def add_copy(self, src: Storage, src_rel: str, rel: str, expect: FileRecord | None = None) -> FileRecord:
+    def add_copy(
+        self,
+        src: Storage,
+        src_rel: str,
+        rel: str,
+        expect: FileRecord | None = None,
+        *,
+        counted: Callable[[int], None] | None = None,
+    ) -> FileRecord:
         """Stream ``src_rel`` of root ``src`` into ``rel``, durably, and record it. With
-        ``expect``, a file of another size or checksum fails before it is made durable."""
+        ``expect``, a file of another size or checksum fails before it is made durable;
+        ``counted(n)`` is told of every ``n`` bytes read (a progress display)."""
         self._check_open()
         self._makeparent(rel)
         want = None if expect is None else (expect.size, expect.xxh3_64)
-        size, digest = write_hashed(self.storage, self.path(rel), read_chunks(src, src_rel), want)
+        pieces = read_chunks(src, src_rel)
+        if counted is not None:
+            pieces = _counting(pieces, counted)
+        size, digest = write_hashed(self.storage, self.path(rel), pieces, want)
         return self._record(rel, FileRecord(size, digest))
 
     def add_written(self, rel: str, size: int, digest: str) -> FileRecord:
@@ -185,3 +197,9 @@ class Transaction:
         folders = {os.path.dirname(self.path(rel)) for rel in (*self.records, MANIFEST)}
         for folder in sorted(folders, key=len, reverse=True):  # deepest first, the staging last
             fsync_dir(self.storage.local_path(folder))
+
+
+def _counting(pieces: Iterator[memoryview], counted: Callable[[int], None]) -> Iterator[memoryview]:
+    for piece in pieces:
+        counted(len(piece))
+        yield piece

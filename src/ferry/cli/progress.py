@@ -1,0 +1,72 @@
+"""A live progress line for long copies (``ferry export``, ``ferry resume``): bytes done of
+the total, throughput and time left, rewritten in place on stderr.
+
+Drawn only where a person watches: stderr is a terminal and ``--json`` was not given
+(``meter_for``); in a pipe, a log file or a wrapper's capture it stays silent, and the
+command's one-line summary (size, seconds, throughput) is all that is printed. Pure
+Python and no dependency: neither rich nor tqdm is one of ferry's.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+REDRAW_SECONDS = 0.1
+"""At most ten redraws a second: a copy of small pieces must not spend its time drawing."""
+
+
+def amount(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+class TerminalMeter:
+    """``ops.migrate.Meter`` drawn as one line that rewrites itself (``\\r``, erase to end)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.what, self.total, self.done = "", 0, 0
+        self._t0 = self._drawn = 0.0
+
+    def start(self, what: str, total: int) -> None:
+        self.what, self.total, self.done = what, total, 0
+        self._t0 = time.monotonic()
+        self._draw(self._t0)
+
+    def advance(self, nbytes: int) -> None:
+        self.done += nbytes
+        now = time.monotonic()
+        if now - self._drawn >= REDRAW_SECONDS:
+            self._draw(now)
+
+    def finish(self) -> None:
+        self._draw(time.monotonic())
+        self.stream.write("\n")  # the last state stays; the summary line follows
+        self.stream.flush()
+
+    def line(self, now: float) -> str:
+        seconds = max(now - self._t0, 1e-9)
+        rate = self.done / seconds
+        parts = [f"ferry: {self.what}: {amount(self.done)} of {amount(self.total)}"]
+        if self.total:
+            parts.append(f"{100 * self.done // self.total}%")
+        if self.done:
+            parts.append(f"{amount(rate)}/s")
+            if self.done < self.total:
+                left = (self.total - self.done) / rate
+                parts.append(f"{left:.0f} s left" if left >= 1 else "under 1 s left")
+        return ", ".join(parts)
+
+    def _draw(self, now: float) -> None:
+        self._drawn = now
+        self.stream.write(f"\r{self.line(now)}\x1b[K")
+        self.stream.flush()
+
+
+def meter_for(as_json: bool, stream: TextIO | None = None) -> TerminalMeter | None:
+    """A meter on ``stream`` (stderr) when a person is watching it; None otherwise."""
+    stream = sys.stderr if stream is None else stream
+    if as_json or not stream.isatty():
+        return None
+    return TerminalMeter(stream)
