@@ -27,8 +27,8 @@ Exit status:
   0  done
   2  bad input: not a job id or PID, a malformed option, a bad device list
   8  the job cannot be found, reached or controlled: unknown, not running,
-     another user's, already checkpointing, or it failed, refused or did
-     not answer the request in --timeout
+     another user's, or it failed, refused or did not answer the request
+     in --timeout
 Every exit code: docs/cli.md."""
 
 
@@ -214,7 +214,9 @@ def _targets(job: str | None, all_jobs: bool) -> list[JobRecord]:
 @click.argument("job", required=False, shell_complete=complete_job)
 @click.option("--all", "all_jobs", is_flag=True, help="Every running job of this user (a preStop hook).")
 @click.option("--stop", is_flag=True, help=f"Then stop the job (exit {CHECKPOINT_EXIT_CODE}, resume me).")
-@click.option("--wait", is_flag=True, help="Return only when the checkpoint is committed.")
+@click.option(
+    "--wait", is_flag=True, help="Return only when the checkpoint is committed (after a save in flight)."
+)
 @click.option(
     "--timeout",
     type=float,

@@ -25,7 +25,7 @@ Exit status:
     default="7d",
     show_default=True,
     metavar="AGE",
-    help="Only jobs that ended longer ago than AGE: 30d, 12h, 90m, 45s.",
+    help="Only jobs that ended longer ago than AGE: 2w, 30d, 12h, 90m, 45s.",
 )
 @click.option("--checkpoints", is_flag=True, help="Also delete the checkpoints ferry wrote for them.")
 @click.option("--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
