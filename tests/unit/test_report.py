@@ -103,3 +103,34 @@ def test_the_figure_is_drawn_as_png_and_svg() -> None:
     png, svg = figure.png(drawing), figure.svg(drawing)
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     assert svg.startswith("<svg") and "training step" in svg and "failure" in svg
+
+
+def test_a_migration_is_one_mark_when_its_worker_stopped() -> None:
+    """The worker's checkpoint-and-exit for a restart request is the migration, not a stop;
+    a stop the job's user asked for stays a stop."""
+    events = [
+        ev(0.0, "run_start"),
+        ev(0.1, "worker_start", pid=10),
+        ev(1.0, "training_start", step=0),
+        ev(3.0, "stop", step=9, url="ck/step-9", exit_code=85),
+        ev(3.1, "worker_exit", pid=10, returncode=85),
+        ev(4.0, "worker_start", pid=11),
+        ev(4.0, "restart", pid=11, reason="requested", env={"CUDA_VISIBLE_DEVICES": "1"}, downtime_seconds=1),
+        ev(5.0, "resume", step=9, url="ck/step-9"),
+        ev(6.0, "stop", step=12, url="ck/step-12", exit_code=85),
+        ev(6.1, "worker_exit", pid=11, returncode=85),
+        ev(6.2, "run_end", state="checkpointed", exit_code=85),
+    ]
+    tl = report.build("j", events, {"state": "checkpointed", "step": 12, "updated": 6.1})
+    marks = tl.marks
+    assert [(m["kind"], m["time"]) for m in marks] == [("migration", 3.0), ("stop", 6.0)]
+    assert tl.down == [{"start": 3.0, "end": 4.0}]  # from the stop: the worker exits, then none runs
+    assert tl.last_status == (6.1, 12)
+    assert "stopped at step 9" in marks[0]["text"] and "CUDA_VISIBLE_DEVICES=1" in marks[0]["text"]
+
+
+@pytest.mark.parametrize(
+    ("span", "unit"), [(0.5, "s"), (179, "s"), (180, "min"), (10799, "min"), (10800, "h")]
+)
+def test_the_time_axis_reads_in_a_unit_that_fits(span: float, unit: str) -> None:
+    assert figure.time_unit(span)[0] == unit

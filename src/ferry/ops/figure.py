@@ -32,45 +32,67 @@ def label(name: str, seen: set[str]) -> str:
     return name
 
 
+def time_unit(span: float) -> tuple[str, float]:
+    """The unit the wall-time axis reads best in for a job of ``span`` seconds: a job of
+    hours in hours, not in ticks of 20000 s."""
+    if span >= 3 * 3600:
+        return "h", 3600.0
+    if span >= 3 * 60:
+        return "min", 60.0
+    return "s", 1.0
+
+
 def draw(tl: Timeline) -> Figure:
-    """The figure; times are seconds since the job's first event."""
+    """The figure; times are since the job's first event, in ``time_unit``'s unit."""
     # Figure, not pyplot: no global state, no GUI backend; canvases attach at save time.
     fig = _figure_class()(figsize=(11, 4.8), layout="constrained")
     ax = fig.add_subplot()
-    t0 = tl.start
+    unit, per = time_unit(tl.end - tl.start)
+
+    def at(t: float) -> float:
+        return (t - tl.start) / per
 
     seen: set[str] = set()
+    for span in tl.down:
+        ax.axvspan(at(span["start"]), at(span["end"]), color=COLORS["down"], alpha=0.35, lw=0,
+                   label=label("not training: worker exiting or down", seen))  # fmt: skip
     for span in tl.startups:
-        ax.axvspan(span["start"] - t0, span["end"] - t0, color=COLORS["startup"], alpha=0.3, lw=0,
+        ax.axvspan(at(span["start"]), at(span["end"]), color=COLORS["startup"], alpha=0.3, lw=0,
                    label=label("worker start-up (start, imports, restore)", seen))  # fmt: skip
+    lost = f"work lost (recomputed): {tl.lost_seconds:.1f} s"  # in all: a short span is a sliver
     for span in tl.lost:
-        ax.axvspan(span["start"] - t0, span["end"] - t0, color=COLORS["failure"], alpha=0.25, lw=0,
-                   hatch="//", label=label("work lost (recomputed)", seen))  # fmt: skip
+        ax.axvspan(at(span["start"]), at(span["end"]), color=COLORS["failure"], alpha=0.25, lw=0,
+                   hatch="//", label=label(lost, seen))  # fmt: skip
     for seg in tl.segments:
         pts = sorted(seg)
-        ax.plot([t - t0 for t, _ in pts], [s for _, s in pts], color=COLORS["curve"], lw=2,
+        tail = pts[-2:] if len(pts) >= 2 and pts[-1] == tl.last_status and pts[-2][1] != pts[-1][1] else []
+        known = pts[:-1] if tail else pts
+        ax.plot([at(t) for t, _ in known], [s for _, s in known], color=COLORS["curve"], lw=2,
                 label=label("training step", seen))  # fmt: skip
+        if tail:  # the step of the last status: when it was reached in between is not recorded
+            ax.plot([at(t) for t, _ in tail], [s for _, s in tail], color=COLORS["curve"], lw=1.5, ls=":",
+                    label=label("last status (steps in between not recorded)", seen))  # fmt: skip
     for c in tl.checkpoints:
-        x = c["time"] - t0
+        x = at(c["time"])
         kind, name = (
             ("deleted", "checkpoint (deleted by retention)") if c["deleted"] else ("checkpoint", "checkpoint")
         )
-        ax.hlines(c["step"], x - c["seconds"], x, color=COLORS[kind], lw=4, alpha=0.6)
+        ax.hlines(c["step"], x - c["seconds"] / per, x, color=COLORS[kind], lw=4, alpha=0.6)
         ax.plot([x], [c["step"]], "o" if not c["deleted"] else "x", color=COLORS[kind], ms=7,
                 mfc=COLORS[kind] if not c["deleted"] else "none", label=label(name, seen))  # fmt: skip
     styles: dict[str, dict[str, Any]] = {
         "stop": {"ls": "--", "name": "stop (checkpointed)"},
         "failure": {"ls": "-", "name": "failure"},
-        "migration": {"ls": "-.", "name": "migration / restart"},
+        "migration": {"ls": "-.", "name": "migration (restarted in place)"},
     }
     for m in tl.marks:
         style = styles[m["kind"]]
         ax.axvline(
-            m["time"] - t0, color=COLORS[m["kind"]], ls=style["ls"], lw=1.5, label=label(style["name"], seen)
+            at(m["time"]), color=COLORS[m["kind"]], ls=style["ls"], lw=1.5, label=label(style["name"], seen)
         )
-    ax.set_xlim(0, (tl.end - t0) * 1.02)
+    ax.set_xlim(0, at(tl.end) * 1.02)
     ax.set_ylim(0, tl.max_step * 1.08)
-    ax.set_xlabel("wall time since the job started (s)")
+    ax.set_xlabel(f"wall time since the job started ({unit})")
     ax.set_ylabel("training step")
     ax.set_title(f"ferry job {tl.job}: training steps over wall time")
     ax.grid(True, alpha=0.3)

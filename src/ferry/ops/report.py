@@ -29,6 +29,7 @@ COLORS: dict[str, str] = {
     "failure": "#d62728",
     "migration": "#9467bd",
     "startup": "#bcbd22",
+    "down": "#c7c7c7",
 }
 
 
@@ -69,6 +70,13 @@ class Timeline:
     """From a worker's start to its first known step: process start, imports and restore."""
     lost: list[Span] = field(default_factory=list)
     """From the last checkpoint to a failure: work done twice."""
+    down: list[Span] = field(default_factory=list)
+    """Not training, between workers: from a worker's stop (its checkpoint committed; it then
+    exits) or, without one, its exit, to the next worker's start (a restart's downtime, a
+    back-off, or the job stopped until someone ran it again)."""
+    last_status: tuple[float, int] | None = None
+    """The last point of the curve when it comes from ``status.json`` (the step when the
+    status was last written): the steps between the last event and it were not recorded."""
     start: float = 0.0
     end: float = 1.0
 
@@ -106,6 +114,9 @@ def build(
     started: float | None = None  # the worker's start, while it has not trained yet
     restored: float | None = None  # its restore, when it resumed
     last_ckpt: float | None = None
+    last_stop: int | None = None  # the index of the stop mark a requested restart may follow
+    exited: float | None = None  # the last worker's stop or exit, while no other worker started
+    stopped: float | None = None  # this worker's stop, while it exits
 
     def trained(end: float | None) -> None:
         """The start-up of the worker ends at ``end``; None: unknown (an older worker that
@@ -120,6 +131,15 @@ def build(
 
     for e in sorted(events, key=lambda e: e["time"]):
         t, kind, step = e["time"], e["event"], e.get("step")
+        if kind in ("run_start", "resume", "training_start", "checkpoint"):
+            last_stop = None  # a new run, or the next worker at work: no restart pending
+        if kind == "stop":
+            stopped = t
+        if kind == "worker_exit":
+            exited, stopped = (stopped if stopped is not None else t), None
+        if kind == "worker_start" and exited is not None:
+            tl.down.append({"start": exited, "end": t})
+            exited = None
         if kind in ("run_start", "worker_start"):
             trained(restored)
             if current:
@@ -149,6 +169,7 @@ def build(
             )
             last_ckpt = t
         elif kind == "stop":
+            last_stop = len(tl.marks)
             tl.marks.append({"kind": "stop", "time": t, "text": f"stopped at step {step} (checkpointed)"})
         elif kind == "worker_exit" and e.get("returncode") is not None and e["returncode"] not in ok_codes:
             began = last_ckpt if last_ckpt is not None else (current[0][0] if current else t)
@@ -164,20 +185,24 @@ def build(
             )
         elif kind == "restart" and e.get("reason") == "requested":
             env = " ".join(f"{k}={v}" for k, v in e.get("env", {}).items())
-            tl.marks.append(
-                {
-                    "kind": "migration",
-                    "time": t,
-                    "text": f"restarted in place {env} "
-                    f"(down {e.get('downtime_seconds', 0.0):.2f} s until the new worker started)",
-                }
+            text = (
+                f"restarted in place {env} "
+                f"(down {e.get('downtime_seconds', 0.0):.2f} s until the new worker started)"
             )
+            if last_stop is not None:  # the worker's stop was this migration's: one mark, when it left
+                left = tl.marks[last_stop]
+                tl.marks[last_stop] = {"kind": "migration", "time": left["time"],
+                                       "text": f"{left['text']}, then {text}"}  # fmt: skip
+                last_stop = None
+            else:
+                tl.marks.append({"kind": "migration", "time": t, "text": text})
     if started is not None and restored is None and status.get("state") == "starting":
         tl.startups.append({"start": started, "end": status.get("updated", started)})  # starting now
         started = None
     trained(restored)
     if "updated" in status and "step" in status:
         current.append((status["updated"], status["step"]))
+        tl.last_status = current[-1]
     if current:
         tl.segments.append(current)
     times = [e["time"] for e in events] + [t for seg in tl.segments for t, _ in seg]
