@@ -12,10 +12,10 @@ from ferry.cli.complete import complete_job
 from ferry.cli.jobs import EPILOG
 from ferry.cli.output import emit_json, json_option
 from ferry.cli.params import POSITIVE_SECONDS, SECONDS, check_timeout
-from ferry.cli.progress import meter_for
 from ferry.knobs import GRACE_SECONDS, REQUEST_TIMEOUT_SECONDS
 from ferry.ops import migrate as ops
 from ferry.ops.jobs import find_job
+from ferry.progress import meter_for
 from ferry.runtime.identity import default_job_id
 from ferry.supervisor import RunOptions, Supervisor
 

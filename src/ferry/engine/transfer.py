@@ -32,9 +32,10 @@ from functools import partial
 from typing import Any, TypeVar
 
 from ferry.engine.catalog import apply_retention, list_checkpoints
-from ferry.engine.manifest import decode_manifest
+from ferry.engine.manifest import FileEntry, decode_manifest
 from ferry.errors import ConfigError, StorageError
 from ferry.knobs import backoff_delay
+from ferry.progress import Meter, meter_for
 from ferry.storage import FileRecord, Storage, Transaction, open_storage, strategy_for
 from ferry.storage.atomic import MANIFEST
 
@@ -107,11 +108,17 @@ def retry(what: str, fn: Callable[[], T], policy: TransferPolicy, failed: list[s
 
 
 def copy_checkpoint(
-    src: Storage, name: str, dst: Storage, policy: TransferPolicy, failed: list[str] | None = None
+    src: Storage,
+    name: str,
+    dst: Storage,
+    policy: TransferPolicy,
+    failed: list[str] | None = None,
+    meter: Meter | None = None,
 ) -> str:
     """Copy the committed checkpoint ``name`` from root ``src`` to root ``dst`` as one commit
     transaction there: data, manifest, commit, each step retried (the tries retried are
-    appended to ``failed``). Returns its URL under ``dst``. Idempotent."""
+    appended to ``failed``). Returns its URL under ``dst``. Idempotent. ``meter`` follows
+    the bytes read (a retried file counts again)."""
     target = dst.child_url(name)
     if retry(f"looking for {target}", lambda: strategy_for(dst).is_committed(dst, name), policy, failed):
         return target
@@ -119,11 +126,33 @@ def copy_checkpoint(
         f"reading {src.child_url(name)}", lambda: src.read_bytes(f"{name}/{MANIFEST}"), policy, failed
     )
     files = decode_manifest(raw, src.child_url(name))["files"]
+    if meter is not None:
+        meter.start(f"copying {name}", sum(meta["size"] for meta in files.values()))
+    try:
+        _copy_files(src, name, dst, files, policy, failed, meter, raw)
+    finally:
+        if meter is not None:
+            meter.finish()
+    return target
+
+
+def _copy_files(
+    src: Storage,
+    name: str,
+    dst: Storage,
+    files: dict[str, FileEntry],
+    policy: TransferPolicy,
+    failed: list[str] | None,
+    meter: Meter | None,
+    raw: bytes,
+) -> None:
+    target = dst.child_url(name)
     begin = partial(Transaction.begin, dst, name)
+    counted = None if meter is None else meter.advance
     with retry(f"creating a staging folder for {target}", begin, policy, failed) as txn:
         for rel, meta in files.items():
             expect = FileRecord(meta["size"], meta["xxh3_64"])
-            copy = partial(txn.add_copy, src, f"{name}/{rel}", rel, expect)
+            copy = partial(txn.add_copy, src, f"{name}/{rel}", rel, expect, counted=counted)
             retry(f"copying {rel} to {target}", copy, policy, failed)
         # Before the commit: every file is there, whole. A remote that lost some of them while
         # it was down (a restarted server) must not get a commit over a partial checkpoint.
@@ -134,7 +163,6 @@ def copy_checkpoint(
                 "committed (the next checkpoint copies again)"
             )
         retry(f"committing {target}", partial(txn.commit, raw), policy, failed)
-    return target
 
 
 class TransferHandle:
@@ -265,6 +293,14 @@ class Transfer:
             return None
         newest = refs[-1]
         self.local.makedirs("")
-        url = copy_checkpoint(self.remote, newest.name, self.local, self.policy)
-        log.info("ferry: no local checkpoint; fetched %s from %s", newest.name, self.remote.url)
+        t0 = time.monotonic()
+        url = copy_checkpoint(
+            self.remote, newest.name, self.local, self.policy, meter=meter_for(as_json=False)
+        )
+        log.info(
+            "ferry: no local checkpoint; fetched %s from %s (%.1f s)",
+            newest.name,
+            self.remote.url,
+            time.monotonic() - t0,
+        )
         return url

@@ -16,13 +16,14 @@ import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, TypedDict
+from typing import TypedDict
 
 from ferry.autotrack import BOOT_DIR
 from ferry.errors import ConfigError, JobError, NoCheckpointError
 from ferry.knobs import PROCESS_POLL_SECONDS
 from ferry.ops import devices
 from ferry.ops.jobs import JobRecord, command_of, process_env, require_alive, send, wait_answer
+from ferry.progress import Meter
 from ferry.runtime.jobfiles import Event
 from ferry.storage import FileRecord, Storage, Transaction, open_storage
 from ferry.storage.atomic import MANIFEST
@@ -30,18 +31,6 @@ from ferry.supervisor.options import SUPERVISOR_OWNED, check_command
 from ferry.typedjson import SchemaError, parse
 
 Progress = Callable[[str], None]
-
-
-class Meter(Protocol):
-    """Bytes moved by a long copy, for a live display (cli/progress.py draws one on a
-    terminal). Called in this order, on the copying thread: ``start``, ``advance`` for each
-    piece read, ``finish``."""
-
-    def start(self, what: str, total: int) -> None: ...
-
-    def advance(self, nbytes: int) -> None: ...
-
-    def finish(self) -> None: ...
 
 
 BUNDLE = "bundle.json"

@@ -1,20 +1,33 @@
-"""A live progress line for long copies (``ferry export``, ``ferry resume``): bytes done of
-the total, throughput and time left, rewritten in place on stderr.
+"""A live progress line for long copies (``ferry export``, ``ferry resume``, a new node
+fetching its checkpoint from the remote): bytes done of the total, throughput and time
+left, rewritten in place on stderr.
 
 Drawn only where a person watches: stderr is a terminal and ``--json`` was not given
 (``meter_for``); in a pipe, a log file or a wrapper's capture it stays silent, and the
-command's one-line summary (size, seconds, throughput) is all that is printed. Pure
-Python and no dependency: neither rich nor tqdm is one of ferry's.
+one-line summary (size, seconds, throughput) is all that is printed. Pure Python, no
+dependency (neither rich nor tqdm is one of ferry's), and nothing of ferry: every layer
+that copies may use it.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from typing import TextIO
+from typing import Protocol, TextIO
 
 REDRAW_SECONDS = 0.1
 """At most ten redraws a second: a copy of small pieces must not spend its time drawing."""
+
+
+class Meter(Protocol):
+    """Bytes moved by a long copy, for a live display. Called in this order, on the copying
+    thread: ``start``, ``advance`` for each piece read, ``finish``."""
+
+    def start(self, what: str, total: int) -> None: ...
+
+    def advance(self, nbytes: int) -> None: ...
+
+    def finish(self) -> None: ...
 
 
 def amount(n: float) -> str:
@@ -22,7 +35,7 @@ def amount(n: float) -> str:
 
 
 class TerminalMeter:
-    """``ops.migrate.Meter`` drawn as one line that rewrites itself (``\\r``, erase to end)."""
+    """A ``Meter`` drawn as one line that rewrites itself (``\\r``, erase to end)."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
