@@ -40,12 +40,6 @@ READ_CHUNK_BYTES = 16 << 20
 """The largest piece read at once when loading or verifying (hashed while the next is read):
 larger means fewer calls to a remote store, at this much memory for two read buffers."""
 
-READ_AHEAD_BYTES = 64 << 20
-"""How far ahead of a local checkpoint reader ferry asks the kernel to fetch the file
-(``POSIX_FADV_WILLNEED``): the disk streams while the bytes already read are copied and
-checked. Larger hides more of a slow disk, at this much more page cache in use at once.
-"""
-
 # ---------------------------------------------------------------------- the supervisor
 GRACE_SECONDS = 30.0
 """The default of ``ferry run --grace``: how long a stopped worker gets to checkpoint and

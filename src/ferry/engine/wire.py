@@ -139,16 +139,27 @@ def unflatten(tree: object, arrays: Sequence[object], leaves: Leaves = CHECK) ->
     if tree is None or isinstance(tree, (bool, int, float, str)):
         return tree
     if isinstance(tree, list):
-        return [unflatten(x, arrays, leaves) for x in tree]
+        return [
+            arrays[i] if (i := _tensor_tag(x, len(arrays))) >= 0 else unflatten(x, arrays, leaves)
+            for x in tree
+        ]
     if not isinstance(tree, dict):
         raise UnsafeCheckpointError(f"unexpected JSON value {type(tree).__name__} in manifest")
-    if len(tree) == 1 and "__tensor__" in tree:  # the commonest node, by far: straight to it
-        index = tree["__tensor__"]
-        if type(index) is int and 0 <= index < len(arrays):
-            return arrays[index]
     tags = [k for k in tree if k.startswith("__")]
     if not tags:
-        return {k: unflatten(x, arrays, leaves) for k, x in tree.items()}
+        out = {}
+        for k, x in tree.items():
+            # A tensor's tag, the commonest node of a big state by far, without another call.
+            if (
+                type(x) is dict
+                and len(x) == 1
+                and type(at := x.get("__tensor__")) is int
+                and 0 <= at < len(arrays)
+            ):
+                out[k] = arrays[at]
+            else:
+                out[k] = unflatten(x, arrays, leaves)
+        return out
     tag = tags[0]
     if tag not in _TAGS:
         raise UnsafeCheckpointError(
@@ -190,6 +201,15 @@ def unflatten(tree: object, arrays: Sequence[object], leaves: Leaves = CHECK) ->
     if not isinstance(val, str):  # __stateful__: a type name, a label only
         raise UnsafeCheckpointError(f"a __stateful__ type name in the manifest is not a string: {short(val)}")
     return unflatten(tree["state"], arrays, leaves)  # its state dict
+
+
+def _tensor_tag(node: object, count: int) -> int:
+    """The index of a valid tensor tag (``{"__tensor__": i}``), or -1."""
+    if type(node) is dict and len(node) == 1:
+        index = node.get("__tensor__")
+        if type(index) is int and 0 <= index < count:
+            return index
+    return -1
 
 
 def _hashable(k: object) -> object:

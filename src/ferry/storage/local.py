@@ -5,14 +5,12 @@ Implements the core ``Storage`` and both capabilities, ``AtomicRename`` and ``Lo
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import shutil
 import stat
 
 from ferry.errors import StorageError, UnsafeCheckpointError
-from ferry.knobs import READ_AHEAD_BYTES
 
 
 def storage_error(exc: OSError, what: str) -> StorageError:
@@ -204,30 +202,11 @@ def _refused(path: str, mode: int, want_file: bool) -> UnsafeCheckpointError:
 
 
 class LocalReader:
-    """Reads a file in order, asking the kernel for the next READ_AHEAD_BYTES before they are
-    needed: its own readahead (128 KiB by default) leaves a cold disk idle between reads,
-    while the reader copies and checks what it got. Advice only, where the OS takes it."""
-
     def __init__(self, fd: int) -> None:
         self._f = open(fd, "rb", buffering=0)  # noqa: SIM115 - closed by close()
-        self._fd = fd
-        self._pos = self._advised = 0
-        self._advise = hasattr(os, "posix_fadvise")
-        if self._advise:
-            with contextlib.suppress(OSError):
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
 
     def readinto(self, buffer: memoryview) -> int:
-        if self._advise and self._pos + READ_AHEAD_BYTES // 2 >= self._advised:
-            start = max(self._advised, self._pos)
-            with contextlib.suppress(OSError):  # one call per half window, not per read
-                os.posix_fadvise(
-                    self._fd, start, self._pos + READ_AHEAD_BYTES - start, os.POSIX_FADV_WILLNEED
-                )
-            self._advised = self._pos + READ_AHEAD_BYTES
-        n = self._f.readinto(buffer) or 0
-        self._pos += n
-        return n
+        return self._f.readinto(buffer) or 0
 
     def close(self) -> None:
         self._f.close()
