@@ -91,7 +91,7 @@ def flatten(state: object) -> Flattened:
 
 def _enc(v: Any, out: Flattened, path: Path) -> object:
     if isinstance(v, torch.Tensor):  # first: a big state is mostly tensors
-        return {"__tensor__": _add_tensor(v, out, path)}
+        return {"__tensor__": _add_tensor(v, out, path, None)}
     if isinstance(v, np.generic) and v.dtype.kind in NUMPY_KINDS:  # np.float64 is a float too
         return {"__npscalar__": v.dtype.str, "value": _enc(v.item(), out, path)}
     if v is None or isinstance(v, (bool, str)):
@@ -106,7 +106,13 @@ def _enc(v: Any, out: Flattened, path: Path) -> object:
         return {"__bytes__": base64.b64encode(bytes(v)).decode()}
     if isinstance(v, dict):
         if all(isinstance(k, str) and not k.startswith("__") for k in v):
-            return {k: _enc(x, out, (*path, k)) for k, x in v.items()}
+            # A tensor straight away, without a call of _enc (the commonest item by far).
+            return {
+                k: {"__tensor__": _add_tensor(x, out, path, k)}
+                if isinstance(x, torch.Tensor)
+                else _enc(x, out, (*path, k))
+                for k, x in v.items()
+            }
         return {"__dict__": [[_enc(k, out, path), _enc(x, out, (*path, k))]
                              for k, x in v.items()]}  # fmt: skip
     if isinstance(v, list):
@@ -126,11 +132,14 @@ def _enc(v: Any, out: Flattened, path: Path) -> object:
     )
 
 
-def _add_tensor(t: torch.Tensor, out: Flattened, path: Path) -> int:
+def _add_tensor(t: torch.Tensor, out: Flattened, path: Path, key: object) -> int:
+    """Record tensor ``t``, at ``path`` (then ``key``, unless None, a tuple per tensor
+    being made only for an error message)."""
     name = _DTYPE_IDS.get(id(t.dtype))
     if name is None or t.layout is not torch.strided or t.is_quantized:
+        where = path if key is None else (*path, key)
         raise UnsupportedStateError(
-            f"cannot checkpoint tensor {_name(path)}: layout {t.layout}, dtype {t.dtype}; "
+            f"cannot checkpoint tensor {_name(where)}: layout {t.layout}, dtype {t.dtype}; "
             "convert it to a dense tensor of a standard dtype first"
         )
     nbytes = t.numel() * t.element_size()

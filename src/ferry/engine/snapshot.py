@@ -103,16 +103,16 @@ PACK_BYTES = WRITE_BOUNCE_BYTES
 assert PACK_BYTES >= 2 * PACK_MAX
 
 
-def _packable(arr: torch.Tensor | np.ndarray, nbytes: int) -> bool:
+def _packable(entry: TensorEntry, arr: torch.Tensor | np.ndarray) -> bool:
     """A small tensor whose bytes lie in host memory, in order, as they are: copied by
     address. A torch op costs about a microsecond in dispatch, the bytes of a small tensor
     less; viewing a tensor as bytes took two ops and copying it a third. Tensor subclasses
     (which may not keep their values at ``data_ptr``) and numpy arrays take the general
-    path."""
+    path. ``entry.device`` says where the tensor is (asking the tensor costs more)."""
     return (
-        nbytes < PACK_MAX
+        entry.nbytes < PACK_MAX
+        and entry.device == "cpu"
         and (type(arr) is torch.Tensor or type(arr) is torch.nn.Parameter)
-        and arr.is_cpu
         and arr.is_contiguous()
         and not arr.is_conj()
         and not arr.is_neg()
@@ -123,7 +123,7 @@ def snapshot(flat: Flattened, buffer: HostBuffer) -> tuple[torch.Tensor, int]:
     """Copy every array of ``flat`` into ``buffer``; returns (flat bytes, size). The gaps
     between arrays are zeroed (the buffer is reused from save to save)."""
     size = layout(flat.entries)
-    on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in flat.arrays)
+    on_cuda = any(e.device.startswith("cuda") for e in flat.entries)
     host = buffer.get(size, pinned=on_cuda)
     host_np = host.numpy()
     base = host.data_ptr()
@@ -137,7 +137,7 @@ def snapshot(flat: Flattened, buffer: HostBuffer) -> tuple[torch.Tensor, int]:
         if offset > pos:
             ctypes.memset(base + pos, 0, offset - pos)
         pos = offset + nbytes
-        if _packable(arr, nbytes):
+        if _packable(entry, arr):
             assert isinstance(arr, torch.Tensor)
             ctypes.memmove(base + offset, arr.data_ptr(), nbytes)
             continue
@@ -153,7 +153,7 @@ def snapshot(flat: Flattened, buffer: HostBuffer) -> tuple[torch.Tensor, int]:
     _copy_host(jobs)
     # Each copy was queued on its own device's stream: wait for every one of those devices,
     # not only the current one, before the buffer counts as the snapshot.
-    for device in cuda_devices(flat.arrays):
+    for device in cuda_devices(flat.arrays) if on_cuda else ():
         torch.cuda.synchronize(device)
     return host, size
 
@@ -173,7 +173,7 @@ def direct_segments(flat: Flattened) -> tuple[Iterator[memoryview], int] | None:
     writer (``storage.hashed.chunks``) allows. Contiguous CPU arrays are not copied but
     into a pack; others are made contiguous (a copy of that one array). Returns None when
     an array is not in host memory (a snapshot is needed)."""
-    if any(isinstance(a, torch.Tensor) and a.device.type != "cpu" for a in flat.arrays):
+    if any(e.device != "cpu" for e in flat.entries):  # numpy arrays' entries say "cpu"
         return None
     size = layout(flat.entries)
     return _segments(flat.entries, flat.arrays, size), size
@@ -198,7 +198,7 @@ def _segments(
             ctypes.memset(base + fill, 0, gap)
             fill += gap
         pos = entry.offset + nbytes
-        if _packable(arr, nbytes):
+        if _packable(entry, arr):
             assert isinstance(arr, torch.Tensor)
             ctypes.memmove(base + fill, arr.data_ptr(), nbytes)
             fill += nbytes
