@@ -170,9 +170,9 @@ def direct_segments(flat: Flattened) -> tuple[Iterator[memoryview], int] | None:
 
     Only for a synchronous save, where nothing changes the arrays until the write is over.
     A view is valid until the next one is requested (the pack buffer is reused), as the
-    writer (``storage.hashed.chunks``) allows. Contiguous CPU arrays are not copied but
-    into a pack; others are made contiguous (a copy of that one array). Returns None when
-    an array is not in host memory (a snapshot is needed)."""
+    writer (``storage.hashed.chunks``) allows. Big contiguous CPU arrays are not copied;
+    other big ones are made contiguous (a copy of that one array). Returns None when an
+    array is not in host memory (a snapshot is needed)."""
     if any(e.device != "cpu" for e in flat.entries):  # numpy arrays' entries say "cpu"
         return None
     size = layout(flat.entries)
@@ -191,7 +191,7 @@ def _segments(
         if nbytes == 0:
             continue
         gap = entry.offset - pos  # padding, < ALIGN: into the pack
-        if fill + gap + nbytes > PACK_BYTES:
+        if fill and fill + gap + nbytes > PACK_BYTES:
             yield view[:fill]
             fill = 0
         if gap:
@@ -213,7 +213,7 @@ def _segments(
             assert data is not None
         yield memoryview(data).cast("B")  # type: ignore[arg-type]
     if size > pos:
-        if fill + size - pos > PACK_BYTES:
+        if fill and fill + size - pos > PACK_BYTES:
             yield view[:fill]
             fill = 0
         ctypes.memset(base + fill, 0, size - pos)
