@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import xxhash
 
 from ferry.engine import AsyncSaver, list_checkpoints, load, read_manifest, save, verify
 from ferry.engine.format import manifest_checksum
@@ -191,3 +192,20 @@ def test_the_collector_is_paused_only_during_a_save_or_load(tmp_path: Path) -> N
         assert not gc.isenabled(), "a caller's choice to keep the collector off was undone"
     finally:
         gc.enable()
+
+
+def test_a_deep_value_in_a_tensor_record_is_refused_on_the_fast_path(tmp_path: Path) -> None:
+    """The tensor table's depth walk is left out when the checksum verifies from the bytes:
+    a record that is not plain still has it, before the schema prints any of its values."""
+    save({"a": torch.ones(3)}, str(tmp_path / "ck"), step=1)
+    folder = newest(tmp_path / "ck")
+    doc = json.loads((folder / "manifest.json").read_bytes())
+    body = {k: v for k, v in doc.items() if k != "checksum"}
+    body["tensors"][0]["dtype"] = "@@DEEP@@"
+    canon = json.dumps(body, separators=(",", ":")).replace('"@@DEEP@@"', "[" * 250 + "]" * 250)
+    digest = xxhash.xxh3_64_hexdigest(canon.encode())
+    raw = (canon[:-1] + f',"checksum":"{digest}"}}').encode()
+    assert written_checksum(raw) == digest
+    (folder / "manifest.json").write_bytes(raw)
+    with pytest.raises(CorruptCheckpointError, match="nests deeper than 200 levels"):
+        read_manifest(open_storage(str(tmp_path / "ck")), folder.name)

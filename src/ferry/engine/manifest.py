@@ -130,9 +130,8 @@ def parse_manifest(raw: object, where: str, verified: str | None = None) -> Mani
     if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
         raise UnsafeCheckpointError(f"{where} is not a ferry checkpoint manifest")
     fast = verified is not None and raw.get("checksum") == verified
-    # Records that pass _plain_records are a fixed three levels deep; anything else in
-    # "tensors" is checked by the schema, which never descends below its declaration.
-    # Without a verified checksum, serializing the body walks all of it: check all of it.
+    # Records that pass _plain_records are a fixed three levels deep: their walk is left
+    # out when nothing serializes the body again (the checksum was verified from the bytes).
     check_depth({k: v for k, v in raw.items() if k != "tensors"} if fast else raw, where)
     version = raw.get("version")
     if not isinstance(version, int) or isinstance(version, bool):
@@ -146,6 +145,8 @@ def parse_manifest(raw: object, where: str, verified: str | None = None) -> Mani
     if not fast and raw.get("checksum") != manifest_checksum(body):
         raise CorruptCheckpointError(f"{where}: manifest checksum mismatch (damaged file)")
     records = _plain_records(body.get("tensors"))
+    if records is None and fast:  # the schema's messages print values: not nested deep
+        check_depth({"tensors": body.get("tensors")}, where)
     try:
         if records is None:  # the schema says what is wrong, and where
             manifest = parse(body, Manifest)
