@@ -18,8 +18,20 @@ Reported beside them, without a goal (figures to compare between versions of fer
   the sizes of biases, norms and their optimizer moments), against ``torch.load`` of
   the same tensors
 
+Many tensors (issue 17), with their own goals: ``--many-count`` tensors of 4 KiB (20,000:
+78 MiB, the shape of a large optimizer's per-parameter states) and ``--wide-count``
+tensors of 512 KiB (200: 100 MiB). The per-tensor cost of a save or load is its time less
+the time of the same bytes written (``tofile`` + fsync) or read (``readinto``) raw, over
+the count; the async snapshot's is its whole blocking time over the count.
+
+- per-tensor cost of a sync save / an async snapshot / a load into new tensors   (<= 10 us)
+- sync save of the many tensors, raw write of the same bytes / save time          (>= 0.5)
+- load of the 512 KiB tensors into new tensors, ``torch.load`` time / ferry's time,
+  warm (each file read once just before) and cold (each file's pages dropped just
+  before with ``posix_fadvise(POSIX_FADV_DONTNEED)``, which needs no root)         (>= 1.0)
+
 Run: ``python benchmarks/engine.py [--size-mb 1024] [--rounds 5] [--small-count 2000]
-[--dir D] [--json]``.
+[--many-count 20000] [--wide-count 200] [--dir D] [--json]``.
 The figure summary is printed last.
 """
 
@@ -50,7 +62,12 @@ GOALS: dict[str, tuple[str, float]] = {
     "async_blocking_vs_torch_save": ("<=", 0.05),
     "load_vs_raw_read": (">=", 0.8),
     "file_size_vs_raw": ("<=", 1.01),
+    "many_sync_save_vs_raw_write": (">=", 0.5),
+    "wide_load_vs_torch_load_warm": (">=", 1.0),
+    "wide_load_vs_torch_load_cold": (">=", 1.0),
 }
+PER_TENSOR_GOAL_US = 10.0
+"""The most a save, an async snapshot or a load may cost per tensor, beyond its bytes."""
 SMALL_KEYS = ("small_load", "small_torch_load")
 """Contenders timed on the small tensors: per-tensor figures, not throughput."""
 
@@ -233,12 +250,162 @@ def run(size_mb: int, rounds: int, root: str, small_count: int = 2000) -> dict[s
     }
 
 
+def evict(path: str) -> None:
+    """Drop the page cache of one file (its pages are clean: written and synced before)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def warm(path: str) -> None:
+    """Read one file through, so that its pages are in the page cache."""
+    with open(path, "rb", buffering=0) as f:
+        while f.read(16 << 20):
+            pass
+
+
+def folder_files(folder: str) -> list[str]:
+    return [os.path.join(folder, f) for f in os.listdir(folder)]
+
+
+def run_many(rounds: int, root: str, many_count: int, wide_count: int) -> dict[str, Any]:
+    """The many-tensor rows: ``many_count`` tensors of 4 KiB saved (sync and async) and
+    loaded, against the raw write and read of the same bytes; ``wide_count`` tensors of
+    512 KiB loaded into new tensors, against ``torch.load``, warm and cold."""
+    g = torch.Generator().manual_seed(2)
+    many = {f"m{i}": torch.randn(1024, generator=g) for i in range(many_count)}
+    wide = {f"w{i}": torch.randn(128 << 10, generator=g) for i in range(wide_count)}
+    many_bytes = many_count * 4096
+    raw_buf = torch.cat(list(many.values())).view(torch.uint8).numpy()
+    raw_path = os.path.join(root, "many-raw.bin")
+    many_root = os.path.join(root, "many")
+    saver = AsyncSaver(os.path.join(root, "many-async"), keep_last=1)
+    wide_root = os.path.join(root, "wide")
+    wide_pt = os.path.join(root, "wide.pt")
+    save(wide, wide_root, step=0)
+    with open(wide_pt, "wb") as f:
+        torch.save(wide, f)
+    os.sync()
+    wide_ferry = folder_files(list_checkpoints(open_storage(wide_root))[-1].url)
+    read_buf = bytearray(many_bytes)
+
+    def raw_write() -> None:
+        with open(raw_path, "wb") as f:
+            raw_buf.tofile(f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def raw_read() -> None:
+        with open(raw_path, "rb", buffering=0) as f:
+            view, pos = memoryview(read_buf), 0
+            while pos < many_bytes:
+                n = f.readinto(view[pos:])
+                assert n, "raw file ended early"
+                pos += n
+
+    samples: dict[str, list[float]] = {
+        k: [] for k in ("many_raw_write", "many_sync_save", "many_async_blocking", "many_raw_read",
+                        "many_load", "wide_load_warm", "wide_torch_load_warm", "wide_load_cold",
+                        "wide_torch_load_cold")
+    }  # fmt: skip
+
+    def async_save(r: int) -> None:
+        t0 = time.perf_counter()
+        handle = saver.save(many, step=r)
+        samples["many_async_blocking"].append(time.perf_counter() - t0)
+        handle.wait()
+
+    def many_read(fn: Callable[[], Any], files: Callable[[], list[str]]) -> Callable[[], float]:
+        # Warm, like a job that has just written its checkpoint: the files read once first.
+        def go() -> float:
+            for path in files():
+                warm(path)
+            return timed(fn)
+
+        return go
+
+    def wide_read(fn: Callable[[], Any], files: list[str], cold: bool) -> Callable[[], float]:
+        def go() -> float:
+            for path in files:
+                (evict if cold else warm)(path)
+            return timed(fn)
+
+        return go
+
+    def many_files() -> list[str]:
+        return folder_files(list_checkpoints(open_storage(many_root))[-1].url)
+
+    writes: dict[str, Callable[[int], Any]] = {
+        "many_raw_write": lambda r: raw_write(),
+        "many_sync_save": lambda r: save(many, many_root, step=r, keep_last=1),
+        "many_async_blocking": async_save,  # records its own figure
+    }
+    reads: dict[str, Callable[[], float]] = {
+        "many_raw_read": many_read(raw_read, lambda: [raw_path]),
+        "many_load": many_read(lambda: load(many_root), many_files),
+        "wide_load_warm": wide_read(lambda: load(wide_root), wide_ferry, cold=False),
+        "wide_torch_load_warm": wide_read(
+            lambda: torch.load(wide_pt, weights_only=True), [wide_pt], cold=False
+        ),
+        "wide_load_cold": wide_read(lambda: load(wide_root), wide_ferry, cold=True),
+        "wide_torch_load_cold": wide_read(
+            lambda: torch.load(wide_pt, weights_only=True), [wide_pt], cold=True
+        ),
+    }
+    for r in range(rounds + 1):  # round 0: warm-up, as in run()
+        for i in range(len(writes)):
+            key = list(writes)[(i + r) % len(writes)]
+            os.sync()
+            dt = timed(functools.partial(writes[key], r))
+            if key != "many_async_blocking":
+                samples[key].append(dt)
+        for i in range(len(reads)):
+            key = list(reads)[(i + r) % len(reads)]
+            samples[key].append(reads[key]())
+        gc.collect()
+        if r == 0:
+            for v in samples.values():
+                v.clear()
+    saver.close()
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    per_tensor_us = {
+        "sync_save": (med["many_sync_save"] - med["many_raw_write"]) / many_count * 1e6,
+        "async_snapshot": med["many_async_blocking"] / many_count * 1e6,
+        "load": (med["many_load"] - med["many_raw_read"]) / many_count * 1e6,
+    }
+    ratios = {
+        "many_sync_save_vs_raw_write": med["many_raw_write"] / med["many_sync_save"],
+        "wide_load_vs_torch_load_warm": med["wide_torch_load_warm"] / med["wide_load_warm"],
+        "wide_load_vs_torch_load_cold": med["wide_torch_load_cold"] / med["wide_load_cold"],
+    }
+    return {
+        "many_count": many_count,
+        "wide_count": wide_count,
+        "median_s": med,
+        "samples_s": samples,
+        "per_tensor_us": per_tensor_us,
+        "per_tensor_met": {k: v <= PER_TENSOR_GOAL_US for k, v in per_tensor_us.items()},
+        "ratios": ratios,
+        "goals_met": {k: _meets(k, v) for k, v in ratios.items()},
+    }
+
+
 def _meets(name: str, value: float) -> bool:
     op, goal = GOALS[name]
     return value >= goal if op == ">=" else value <= goal
 
 
 def report(res: dict[str, Any]) -> str:
+    lines = report_main(res) if "median_s" in res else []
+    if "many" in res:
+        lines.extend(report_many(res["many"]))
+    return "\n".join(lines)
+
+
+def report_main(res: dict[str, Any]) -> list[str]:
     med, gbps = res["median_s"], res["throughput_gbps"]
     lines = [f"state: {res['raw_bytes'] / 2**20:.0f} MiB of tensors; checkpoint "
              f"{res['checkpoint_bytes'] / 2**20:.1f} MiB; torch.save file "
@@ -268,7 +435,25 @@ def report(res: dict[str, Any]) -> str:
         op, goal = GOALS[name]
         lines.append(f"{name:<34} {value:7.3f}  {op} {goal:<5} "
                      f"{'yes' if res['goals_met'][name] else 'NO'}")  # fmt: skip
-    return "\n".join(lines)
+    lines.append("")
+    return lines
+
+
+def report_many(many: dict[str, Any]) -> list[str]:
+    lines = [f"many tensors: {many['many_count']} x 4 KiB saved and loaded; "
+             f"{many['wide_count']} x 512 KiB loaded into new tensors; medians"]  # fmt: skip
+    for key, value in many["median_s"].items():
+        lines.append(f"  {key:<22} {value:8.3f} s")
+    lines.append("")
+    lines.append("figure                              ratio    goal     met")
+    for name, value in many["ratios"].items():
+        op, goal = GOALS[name]
+        lines.append(f"{name:<34} {value:7.3f}  {op} {goal:<5} {'yes' if many['goals_met'][name] else 'NO'}")
+    lines.append("per-tensor cost (us)")
+    for name, value in many["per_tensor_us"].items():
+        met = "yes" if many["per_tensor_met"][name] else "NO"
+        lines.append(f"{name:<34} {value:7.2f}  <= {PER_TENSOR_GOAL_US:<5} {met}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -276,14 +461,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size-mb", type=int, default=1024, help="state size in MiB (default 1024)")
     p.add_argument("--rounds", type=int, default=5, help="measured rounds, >= 1 (default 5)")
     p.add_argument("--small-count", type=int, default=2000, help="small tensors timed (default 2000)")
+    p.add_argument(
+        "--many-count", type=int, default=20000, help="4 KiB tensors saved and loaded (default 20000)"
+    )
+    p.add_argument("--wide-count", type=int, default=200, help="512 KiB tensors loaded (default 200)")
+    p.add_argument("--many-only", action="store_true", help="only the many-tensor rows")
     p.add_argument("--dir", default=None, help="where to write (default: a new temp folder)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     args = p.parse_args(argv)
-    if args.rounds < 1 or args.size_mb < 1 or args.small_count < 1:
-        p.error("--rounds, --size-mb and --small-count must be >= 1")
+    if min(args.rounds, args.size_mb, args.small_count, args.many_count, args.wide_count) < 1:
+        p.error("--rounds, --size-mb, --small-count, --many-count and --wide-count must be >= 1")
     root = tempfile.mkdtemp(prefix="ferry-bench-", dir=args.dir)
     try:
-        res = run(args.size_mb, args.rounds, root, args.small_count)
+        res = {} if args.many_only else run(args.size_mb, args.rounds, root, args.small_count)
+        res["many"] = run_many(args.rounds, root, args.many_count, args.wide_count)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if args.json:

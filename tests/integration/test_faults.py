@@ -216,7 +216,8 @@ def test_damaged_manifest_and_missing_file_fall_back(
     root, weights1, _ = two_checkpoints
     manifest = root / STEP2 / "manifest.json"
     text = manifest.read_text()
-    manifest.write_text(text.replace('"step": 2', '"step": 3'))  # valid JSON, wrong checksum
+    damaged = json.dumps({**json.loads(text), "step": 3})  # valid JSON, wrong checksum
+    manifest.write_text(damaged)
     caplog.set_level(logging.WARNING, logger="ferry")
     model, opt = make_model(4)
     assert load(str(root), into={"model": model, "opt": opt, "step": 0}).step == 1

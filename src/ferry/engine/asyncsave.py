@@ -17,6 +17,7 @@ from typing import Any
 
 from ferry.engine.catalog import apply_retention
 from ferry.engine.format import flatten
+from ferry.engine.gcpause import paused_gc
 from ferry.engine.persist import CheckpointInfo, check_step, persist
 from ferry.engine.snapshot import HostBuffer, byte_view, snapshot
 from ferry.errors import UnsupportedStateError
@@ -80,8 +81,9 @@ class AsyncSaver:
         with self._lock:
             self.wait()  # surfaces the previous save's error, frees the buffer
             t0 = time.perf_counter()
-            flat = flatten(state)
-            host, size = snapshot(flat, self._buffer)
+            with paused_gc():
+                flat = flatten(state)
+                host, size = snapshot(flat, self._buffer)
             blocked = time.perf_counter() - t0
             view = byte_view(host)
             # A blocking save's error goes to its caller; a background one's to on_error.

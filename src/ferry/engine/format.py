@@ -34,6 +34,9 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     name: getattr(torch, name) for name in wire.TORCH_ITEMSIZES if hasattr(torch, name)
 }
 DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
+_DTYPE_IDS = {id(v): k for k, v in TORCH_DTYPES.items()}
+"""DTYPE_NAMES by the dtype's identity (dtypes are singletons): hashing a torch.dtype costs
+more than the rest of recording a tensor."""
 
 
 def is_stateful(obj: object) -> bool:
@@ -45,7 +48,7 @@ def is_stateful(obj: object) -> bool:
     )
 
 
-@dataclass
+@dataclass(slots=True)
 class TensorEntry:
     dtype: str
     shape: list[int]
@@ -70,18 +73,25 @@ class Flattened:
     entries: list[TensorEntry] = field(default_factory=list)
 
 
-def _path(parent: str, key: object) -> str:
-    return f"{parent}.{key}" if parent else str(key)
+Path = tuple[object, ...]
+"""Where a value sits in the state, as keys from the root: joined into a name only for an
+error message (formatting one per value cost more than the rest of encoding it)."""
+
+
+def _name(path: Path) -> str:
+    return ".".join(str(k) for k in path)
 
 
 def flatten(state: object) -> Flattened:
     """Encode ``state`` (Stateful objects, tensors, arrays, plain values) as a skeleton."""
     out = Flattened(tree=None)
-    out.tree = _enc(state, out, "")
+    out.tree = _enc(state, out, ())
     return out
 
 
-def _enc(v: Any, out: Flattened, path: str) -> object:
+def _enc(v: Any, out: Flattened, path: Path) -> object:
+    if isinstance(v, torch.Tensor):  # first: a big state is mostly tensors
+        return {"__tensor__": _add_tensor(v, out, path, None)}
     if isinstance(v, np.generic) and v.dtype.kind in NUMPY_KINDS:  # np.float64 is a float too
         return {"__npscalar__": v.dtype.str, "value": _enc(v.item(), out, path)}
     if v is None or isinstance(v, (bool, str)):
@@ -90,21 +100,25 @@ def _enc(v: Any, out: Flattened, path: str) -> object:
         return int(v)
     if isinstance(v, float):
         return v if math.isfinite(v) else {"__float__": repr(v)}
-    if isinstance(v, torch.Tensor):
-        return {"__tensor__": _add_tensor(v, out, path)}
     if isinstance(v, np.ndarray):
         return {"__ndarray__": _add_ndarray(v, out, path)}
     if isinstance(v, (bytes, bytearray)):
         return {"__bytes__": base64.b64encode(bytes(v)).decode()}
     if isinstance(v, dict):
         if all(isinstance(k, str) and not k.startswith("__") for k in v):
-            return {k: _enc(x, out, _path(path, k)) for k, x in v.items()}
-        return {"__dict__": [[_enc(k, out, path), _enc(x, out, _path(path, k))]
+            # A tensor straight away, without a call of _enc (the commonest item by far).
+            return {
+                k: {"__tensor__": _add_tensor(x, out, path, k)}
+                if isinstance(x, torch.Tensor)
+                else _enc(x, out, (*path, k))
+                for k, x in v.items()
+            }
+        return {"__dict__": [[_enc(k, out, path), _enc(x, out, (*path, k))]
                              for k, x in v.items()]}  # fmt: skip
     if isinstance(v, list):
-        return [_enc(x, out, _path(path, i)) for i, x in enumerate(v)]
+        return [_enc(x, out, (*path, i)) for i, x in enumerate(v)]
     if isinstance(v, tuple):  # torch.Size is a tuple too
-        return {"__tuple__": [_enc(x, out, _path(path, i)) for i, x in enumerate(v)]}
+        return {"__tuple__": [_enc(x, out, (*path, i)) for i, x in enumerate(v)]}
     if isinstance(v, torch.dtype) and v in DTYPE_NAMES:
         return {"__dtype__": DTYPE_NAMES[v]}
     if isinstance(v, torch.device):
@@ -112,28 +126,34 @@ def _enc(v: Any, out: Flattened, path: str) -> object:
     if is_stateful(v):
         return {"__stateful__": type(v).__qualname__, "state": _enc(v.state_dict(), out, path)}
     raise UnsupportedStateError(
-        f"cannot checkpoint {path or 'the state'} of type {type(v).__module__}."
+        f"cannot checkpoint {_name(path) or 'the state'} of type {type(v).__module__}."
         f"{type(v).__qualname__}: give it state_dict()/load_state_dict(), convert it to "
         "plain values, or save it through ferry's save_fn/restore_fn pair"
     )
 
 
-def _add_tensor(t: torch.Tensor, out: Flattened, path: str) -> int:
-    if t.layout != torch.strided or t.is_quantized or t.dtype not in DTYPE_NAMES:
+def _add_tensor(t: torch.Tensor, out: Flattened, path: Path, key: object) -> int:
+    """Record tensor ``t``, at ``path`` (then ``key``, unless None, a tuple per tensor
+    being made only for an error message)."""
+    name = _DTYPE_IDS.get(id(t.dtype))
+    if name is None or t.layout is not torch.strided or t.is_quantized:
+        where = path if key is None else (*path, key)
         raise UnsupportedStateError(
-            f"cannot checkpoint tensor {path}: layout {t.layout}, dtype {t.dtype}; "
+            f"cannot checkpoint tensor {_name(where)}: layout {t.layout}, dtype {t.dtype}; "
             "convert it to a dense tensor of a standard dtype first"
         )
-    out.entries.append(TensorEntry(DTYPE_NAMES[t.dtype], list(t.shape),
-                                   t.numel() * t.element_size(), "torch", str(t.device)))  # fmt: skip
-    out.arrays.append(t.detach())
+    nbytes = t.numel() * t.element_size()
+    out.entries.append(
+        TensorEntry(name, list(t.shape), nbytes, "torch", "cpu" if t.is_cpu else str(t.device))
+    )
+    out.arrays.append(t.detach() if t.requires_grad else t)  # detach costs a new tensor object
     return len(out.arrays) - 1
 
 
-def _add_ndarray(a: np.ndarray, out: Flattened, path: str) -> int:
+def _add_ndarray(a: np.ndarray, out: Flattened, path: Path) -> int:
     if a.dtype.kind not in NUMPY_KINDS:
         raise UnsupportedStateError(
-            f"cannot checkpoint array {path} of dtype {a.dtype}: object and structured "
+            f"cannot checkpoint array {_name(path)} of dtype {a.dtype}: object and structured "
             "arrays could run code on load; store numbers only"
         )
     out.entries.append(TensorEntry(a.dtype.str, list(a.shape), a.nbytes, "numpy"))
@@ -146,7 +166,7 @@ def layout(entries: list[TensorEntry], file: str = "data-0.bin") -> int:
     offset = 0
     for e in entries:
         e.file, e.offset = file, offset
-        offset += -(-e.nbytes // ALIGN) * ALIGN if e.nbytes else 0
+        offset += -(-e.nbytes // ALIGN) * ALIGN
     return offset
 
 

@@ -21,6 +21,11 @@ from ferry.storage.pools import submit
 CHUNK = READ_CHUNK_BYTES
 _hash_pool = ThreadPoolExecutor(1, thread_name_prefix="ferry-verify")
 
+HASH_AWAY_MIN = 4 << 20
+"""Pieces of this size and more are hashed on another thread while the next is read; a
+smaller one (a tensor of its own, a few hundred KiB) is hashed in place: handing it over
+cost about as much as hashing it."""
+
 MAX_MANIFEST = 256 << 20
 """The largest manifest read (a million tensors take about 200 MB); a bigger one is refused
 before it is read, whatever memory it would take to decode."""
@@ -109,7 +114,11 @@ def stream_file(
                 filled(k)
             if pending is not None:
                 pending.result()
-            pending = submit(_hash_pool, hasher.update, dest)
+                pending = None
+            if got < HASH_AWAY_MIN:
+                hasher.update(dest)
+            else:
+                pending = submit(_hash_pool, hasher.update, dest)
             pos += got
     except OSError as exc:
         raise _unreadable(where, exc) from exc

@@ -7,7 +7,7 @@ import os
 import platform
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,7 +82,7 @@ def build_manifest(
 def persist(
     storage: Storage,
     flat: Flattened,
-    host: memoryview | Sequence[memoryview],
+    host: memoryview | Iterable[memoryview],
     step: int,
     *,
     meta: dict[str, Any] | None = None,
@@ -91,7 +91,8 @@ def persist(
 ) -> str:
     """Write and commit one checkpoint; returns its folder name. Single writer per root.
 
-    ``host`` is the data file: one buffer (a snapshot) or its consecutive segments. A save
+    ``host`` is the data file: one buffer (a snapshot) or its consecutive segments (each
+    valid until the next is taken: ``snapshot.direct_segments``). A save
     that fails removes its staging folder (a full disk stays no fuller).
     """
     check_step(step)

@@ -8,7 +8,8 @@ whole buffer, and handing its storage to another process (DataLoader workers,
 - a live tensor that takes the checkpoint's bytes as they are is read into directly;
 - a big tensor gets a fresh buffer of its own size and is read into directly;
 - small tensors, where one read call each would cost more than the bytes, are read in
-  batches through two reused bounce buffers and each copied out into its own tensor;
+  batches through two reused bounce buffers and each copied out into its own tensor
+  (cut in runs of one dtype by one call, then cloned);
 - tensors whose bytes overlap in the file (never written by ferry: a file written
   elsewhere whose tensors are views of one base) share one buffer of their joint span,
   as the views did;
@@ -52,18 +53,25 @@ class Bounce:
         return buf
 
 
-Member = tuple[int, torch.dtype, list[int], list[int], int, bool]
-"""A small tensor of a batch: its index, dtype, shape, strides, element offset in the
-bounce buffer seen as that dtype, and whether it is copied out as raw bytes (a numpy
-array's, decoded later)."""
+Member = tuple[int, list[int] | None, bool] | None
+"""A piece of a run (below): a small tensor's index, its shape (None when it is the run's
+1-D piece as it is), and whether it is copied out as raw bytes (a numpy array's, decoded
+later); None for the padding between two tensors."""
 
 
-def _strides(shape: list[int]) -> list[int]:
-    out, step = [], 1
-    for dim in reversed(shape):
-        out.append(step)
-        step *= dim
-    return out[::-1]
+@dataclass
+class Run:
+    """Consecutive small tensors of one dtype in a bounce buffer, and the padding between
+    them: one ``split_with_sizes`` of the buffer seen as that dtype cuts all of them, each
+    then cloned into memory of its own. A view made per tensor (``as_strided``, a slice)
+    cost more than the clone."""
+
+    dtype: torch.dtype
+    start: int
+    """Element offset of its first tensor in the buffer seen as ``dtype``."""
+    end: int
+    sizes: list[int] = field(default_factory=list)
+    members: list[Member] = field(default_factory=list)
 
 
 @dataclass
@@ -76,28 +84,33 @@ class FilePlan:
     pieces: list[memoryview] = field(default_factory=list)
     owners: dict[int, Owner] = field(default_factory=dict)
     values: dict[int, torch.Tensor] = field(default_factory=dict)
-    copy_outs: dict[int, tuple[torch.Tensor, list[Member]]] = field(default_factory=dict)
-    """Piece index -> (the bounce buffer it lies in, the small tensors in it)."""
+    copy_outs: dict[int, tuple[torch.Tensor, list[Run]]] = field(default_factory=dict)
+    """Piece index -> (the bounce buffer it lies in, the runs of small tensors in it)."""
 
     def filled(self, piece: int) -> None:
         """Piece ``piece`` has been read: copy its small tensors out, each into memory of
-        its own, before its bounce buffer is read into again. One typed view of the
-        buffer per dtype, one ``as_strided(...).clone()`` per tensor: cheaper than the
-        slice, view and reshape that decoding a tensor of a shared buffer costs."""
+        its own, before its bounce buffer is read into again."""
         batch = self.copy_outs.pop(piece, None)
         if batch is None:
             return
-        buf, members = batch
+        buf, runs = batch
         typed: dict[torch.dtype, torch.Tensor] = {}
-        for i, dtype, shape, strides, at, raw in members:
-            view = typed.get(dtype)
+        for run in runs:
+            view = typed.get(run.dtype)
             if view is None:
-                view = typed[dtype] = buf.view(dtype)
-            own = view.as_strided(shape, strides, at).clone()
-            if raw:
-                self.owners[i] = (own, 0)
-            else:
-                self.values[i] = own
+                view = typed[run.dtype] = buf.view(run.dtype)
+            parts = view[run.start : run.end].split_with_sizes(run.sizes)
+            for part, member in zip(parts, run.members, strict=True):
+                if member is None:
+                    continue
+                i, shape, raw = member
+                own = part.clone()
+                if shape is not None:
+                    own = own.view(shape)
+                if raw:
+                    self.owners[i] = (own, 0)
+                else:
+                    self.values[i] = own
 
 
 Unit = tuple[int, int, list[int]]
@@ -160,21 +173,29 @@ def plan_file(
         if not batch:
             return
         end = entries[batch[-1]]["offset"] + entries[batch[-1]]["nbytes"]
-        # The batch lies in the buffer at the file's alignment: every tensor's byte offset
-        # there is then a multiple of its item size (which divides ALIGN), as in the file.
         lead = batch_start % ALIGN
         buf = bounce.take()
-        members: list[Member] = []
+        runs: list[Run] = []
         for i in batch:
             e = entries[i]
-            if e["kind"] == "torch":
-                dtype = torch_dtype(e["dtype"])
-                at = (lead + e["offset"] - batch_start) // dtype.itemsize
-                members.append((i, dtype, e["shape"], _strides(e["shape"]), at, False))
-            else:  # numpy: raw bytes of its own, decoded as the big ones are
-                at = lead + e["offset"] - batch_start
-                members.append((i, torch.uint8, [e["nbytes"]], [1], at, True))
-        plan.copy_outs[len(plan.pieces)] = (buf, members)
+            raw = e["kind"] != "torch"  # numpy: raw bytes of its own, decoded as the big ones are
+            dtype = torch.uint8 if raw else torch_dtype(e["dtype"])
+            # The batch lies in the buffer at the file's alignment: every tensor's byte offset
+            # there is then a multiple of its item size (which divides ALIGN), as in the file.
+            at = (lead + e["offset"] - batch_start) // dtype.itemsize
+            count = e["nbytes"] // dtype.itemsize
+            run = runs[-1] if runs and runs[-1].dtype is dtype else None
+            if run is None:
+                run = Run(dtype, at, at)
+                runs.append(run)
+            elif at > run.end:  # the padding before it, a piece of its own
+                run.sizes.append(at - run.end)
+                run.members.append(None)
+            shape = e["shape"]
+            run.sizes.append(count)
+            run.members.append((i, None if raw or (len(shape) == 1 and shape[0] == count) else shape, raw))
+            run.end = at + count
+        plan.copy_outs[len(plan.pieces)] = (buf, runs)
         plan.pieces.append(byte_view(buf[lead : lead + end - batch_start]))
         pos = end
         batch.clear()

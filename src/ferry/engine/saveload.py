@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -11,6 +12,7 @@ import torch
 from ferry.engine.apply import apply_state
 from ferry.engine.catalog import apply_retention, list_checkpoints, split_url
 from ferry.engine.format import flatten
+from ferry.engine.gcpause import paused_gc
 from ferry.engine.persist import CheckpointInfo, persist
 from ferry.engine.reader import Loaded, load_one
 from ferry.engine.snapshot import HostBuffer, byte_view, direct_segments, snapshot
@@ -33,16 +35,17 @@ def save(
     from ferry.storage import open_storage
 
     t0 = time.perf_counter()
-    flat = flatten(state)
-    # Nothing runs while a synchronous save writes: host tensors go out without a copy.
-    direct = direct_segments(flat)
-    if direct is None:
-        host, size = snapshot(flat, HostBuffer())
-        data: memoryview | list[memoryview] = byte_view(host)
-    else:
-        data, size = direct
-    storage = open_storage(url)
-    name = persist(storage, flat, data, step, meta=meta, extra_files=extra_files)
+    with paused_gc():
+        flat = flatten(state)
+        # Nothing runs while a synchronous save writes: host tensors go out without a copy.
+        direct = direct_segments(flat)
+        if direct is None:
+            host, size = snapshot(flat, HostBuffer())
+            data: memoryview | Iterator[memoryview] = byte_view(host)
+        else:
+            data, size = direct
+        storage = open_storage(url)
+        name = persist(storage, flat, data, step, meta=meta, extra_files=extra_files)
     if keep_last:
         apply_retention(storage, keep_last, keep_every)
     seconds = time.perf_counter() - t0
@@ -70,7 +73,8 @@ def load(
     errors = []
     for cand in candidates:
         try:
-            loaded = load_one(storage, cand, target_device, into=into)
+            with paused_gc():
+                loaded = load_one(storage, cand, target_device, into=into)
             if into is not None:  # a state that does not fit the live objects: the next one
                 apply_state(into, loaded.state)
         except CorruptCheckpointError as exc:
