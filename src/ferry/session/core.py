@@ -254,7 +254,7 @@ class Session(Hooks):
             self._check_generators()
             self._next_status = now + STATUS_SECONDS
         point = self._point(now)
-        decision = policy.decide(point, self.checkpointer.agree(policy.wish(point)))
+        decision = policy.decide(point, self.checkpointer.agree(point, policy.wish(point)))
         if decision.action is policy.Action.NOTHING:
             return
         self.signals.checkpoint_requested = False
