@@ -4,8 +4,8 @@
    checkpoint before it stays the newest listed, and no part of the killed one is;
 2. the resumed run gets a stop signal on rank 1 alone while rank 0's background save
    stalls: every rank stops at the same step, after the stalled save committed;
-3. the run resumed from that stop ends where an uninterrupted run would, every step of
-   every run (the killed one included) logging what an uninterrupted run logs.
+3. every step of both runs (the killed one included) logs what an uninterrupted run logs,
+   and the stop's checkpoint holds every rank's state of the step they stopped at.
 
 The checkpoint root stalls on purpose (scripts/ranks_async.py, ``--hold``), so that each
 kill and signal lands while a save is in flight whatever the machine's load.
@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ferry.engine import list_checkpoints
+from ferry.engine import list_checkpoints, load
+from ferry.engine.ranks import rank_part
 from ferry.storage import open_storage
 
 from trainrun import SCRIPTS, env_for, wait_for
@@ -125,17 +126,22 @@ def test_torchrun_async_saves_survive_a_killed_rank_and_stop_together(tmp_path: 
     assert 14 <= stop_step <= 16
     assert steps_listed(tmp_path / "ck")[-2:] == [12, stop_step]
 
-    # 3. resumed from the stop: to the end
-    finished = Job(env, tmp_path / "c")
-    assert finished.end() == 0, finished.stderr()
-    for rank in (0, 1):
+    # every step every run logged is what an uninterrupted run logs (the resume from step 4
+    # too), and the stop's checkpoint holds each rank's state of the step they stopped at
+    loaded = load(str(tmp_path / "ck"))
+    assert loaded.step == stop_step
+    for rank, part in ((0, loaded.state), (1, rank_part(loaded, 1))):
         want = expected(rank)
-        for run in ("a", "b", "c"):
+        assert part["ferry"]["global_step"] == stop_step
+        assert (
+            hashlib.sha1(part["objects"]["state"]["w"].numpy().tobytes()).hexdigest()[:16] == want[stop_step]
+        )
+        for run in ("a", "b"):
             for line in (tmp_path / run / f"rank{rank}.log").read_text().splitlines():
                 step, got = line.split()
                 assert want[int(step)] == got, (run, rank, line)
-        last = (tmp_path / "c" / f"rank{rank}.log").read_text().splitlines()
-        assert last[0].startswith(f"{stop_step + 1} ") and last[-1].startswith(f"{STEPS} ")
+        resumed = (tmp_path / "b" / f"rank{rank}.log").read_text().splitlines()
+        assert resumed[0].startswith("5 ") and resumed[-1].startswith(f"{stop_step} ")
 
 
 def _pid_of_rank(rank: int) -> int:
