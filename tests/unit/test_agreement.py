@@ -3,12 +3,9 @@ points agree (the same on every rank)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from ferry.session.agreement import Pace, interval, must_agree
-from ferry.session.policy import SafePoint
+from ferry.session.agreement import Pace, agrees, interval
 
 # (case, cost of one agreement s, step s, steps between agreements); overhead 0.5 %, wait <= 0.5 s
 INTERVALS = [
@@ -37,21 +34,20 @@ def test_the_interval_keeps_the_overhead_within_its_share() -> None:
             assert cost / (n * step) <= 0.005 or (n == 1 and cost / step <= 0.005)
 
 
-# (case, SafePoint fields, the step of the next agreement, agree?)
-POINTS: list[tuple[str, dict[str, Any], int, bool]] = [
-    ("before the scheduled step: no", {"step": 7}, 8, False),
-    ("at the scheduled step", {"step": 8}, 8, True),
-    ("past it (a safe point that did not count a step)", {"step": 9}, 8, True),
-    ("a checkpoint due by steps agrees off the schedule", {"step": 10, "every_steps": 5}, 14, True),
-    ("not due by steps", {"step": 11, "every_steps": 5}, 14, False),
-    ("due by steps but just saved", {"step": 10, "every_steps": 5, "last_saved_step": 10}, 14, False),
-    ("a signal waits for the schedule", {"step": 11, "stop_signal": 15}, 14, False),
-    ("a request waits for the schedule", {"step": 11, "requests": ("checkpoint",)}, 14, False),
-    ("due by time waits for the schedule", {"step": 11, "every_seconds": 1.0}, 14, False),
+# (case, step, every_steps, last saved step, the step of the next agreement, agree?)
+POINTS: list[tuple[str, int, int | None, int, int, bool]] = [
+    ("before the scheduled step: no", 7, None, -1, 8, False),
+    ("at the scheduled step", 8, None, -1, 8, True),
+    ("past it (a safe point that did not count a step)", 9, None, -1, 8, True),
+    ("a checkpoint due by steps agrees off the schedule", 10, 5, -1, 14, True),
+    ("not due by steps", 11, 5, -1, 14, False),
+    ("due by steps but just saved (or restored)", 10, 5, 10, 14, False),
+    ("step 0 is never due", 0, 5, -1, 14, False),
 ]
 
 
-@pytest.mark.parametrize(("case", "fields", "next_step", "agree"), POINTS, ids=[r[0] for r in POINTS])
-def test_must_agree(case: str, fields: dict[str, Any], next_step: int, agree: bool) -> None:
-    point = SafePoint(**{"now": 100.0, "last_saved_step": -1, "last_saved_time": 0.0, **fields})
-    assert must_agree(point, next_step) is agree
+@pytest.mark.parametrize(
+    ("case", "step", "every", "saved", "next_step", "agree"), POINTS, ids=[r[0] for r in POINTS]
+)
+def test_agrees(case: str, step: int, every: int | None, saved: int, next_step: int, agree: bool) -> None:
+    assert agrees(step, next_step, every_steps=every, last_saved_step=saved) is agree

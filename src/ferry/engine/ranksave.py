@@ -84,6 +84,9 @@ class _Snapshot:
     shard_group: Any
     t0: float
     blocked: float
+    """Seconds the snapshot took: all a background save blocks training for."""
+    blocking: bool
+    """The caller waits for the commit: it is blocked for the whole save."""
 
 
 def _dump(value: dict[str, Any]) -> bytes:
@@ -128,7 +131,7 @@ class RankSaver:
         t0 = time.perf_counter()
         flat, host, size = snapshot_part(state, self._buffer)
         snap = _Snapshot(name, step, flat, host, size, meta, extra, shards, shard_group, t0,
-                         time.perf_counter() - t0)  # fmt: skip
+                         time.perf_counter() - t0, blocking)  # fmt: skip
         reported = threading.Event()
         report = None if blocking else self.on_error
 
@@ -195,7 +198,8 @@ class RankSaver:
         if "error" in outcome:
             raise StorageError(f"the checkpoint of step {snap.step} was not committed: {outcome['error']}")
         seconds = time.perf_counter() - snap.t0
-        return CheckpointInfo(str(outcome["url"]), snap.step, int(outcome["bytes"]), seconds, snap.blocked)
+        blocked = seconds if snap.blocking else snap.blocked
+        return CheckpointInfo(str(outcome["url"]), snap.step, int(outcome["bytes"]), seconds, blocked)
 
     def _plan(self, snap: _Snapshot) -> Transaction:
         """Rank 0 begins the transaction and posts its names; the others join it."""

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 
 from ferry.knobs import AGREE_LATENCY_SECONDS, AGREE_OVERHEAD
-from ferry.session.policy import SafePoint, due_by_steps
+from ferry.session.policy import due_at
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +49,6 @@ def interval(pace: Pace, *, overhead: float = AGREE_OVERHEAD, latency: float = A
     return max(1, min(by_cost, by_latency))
 
 
-def must_agree(point: SafePoint, next_agreement: int) -> bool:
-    """Do the ranks agree at this safe point?"""
-    return point.step >= next_agreement or due_by_steps(point)
+def agrees(step: int, next_agreement: int, *, every_steps: int | None, last_saved_step: int) -> bool:
+    """Do the ranks agree at this safe point? Plain values: the session asks at every step."""
+    return step >= next_agreement or due_at(step, every_steps=every_steps, last_saved_step=last_saved_step)

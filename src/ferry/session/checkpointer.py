@@ -32,8 +32,10 @@ class Checkpointer(Protocol):
     """Writes the session's checkpoints. Every call is made on the training thread:
 
     1. ``take_handed_over()`` once at start, before looking for a checkpoint on disk;
-    2. ``agree(point, wish)`` at every safe point that is not idle (across ranks, now and
-       then a collective: the same safe points on every rank);
+    2. ``listens(step, ...)`` at every safe point that is not idle: can this one lead to a
+       save or a stop? If not (the ranks agree only now and then), the session skips it at
+       no cost; if so, ``agree(point, wish)`` (across ranks, a collective: the same safe
+       points on every rank);
     3. ``keeps_objects(objects)`` while capturing: does this process save the objects?
     4. ``write(...)`` to save; a commit is reported to ``on_commit``, a failure of a
        background save to ``on_error`` (a failure inside ``write`` raises);
@@ -50,6 +52,7 @@ class Checkpointer(Protocol):
         ...
 
     def take_handed_over(self) -> Loaded | None: ...
+    def listens(self, step: int, *, every_steps: int | None, last_saved_step: int) -> bool: ...
     def agree(self, point: SafePoint, wish: Wish) -> Wish: ...
     def keeps_objects(self, objects: dict[str, Any]) -> bool: ...
     def write(
@@ -97,6 +100,9 @@ class LocalCheckpointer:
         if not self.config.handoff_dir:
             return None
         return handoff.take(self.config.handoff_dir, self.config.dir)
+
+    def listens(self, step: int, *, every_steps: int | None, last_saved_step: int) -> bool:
+        return True
 
     def agree(self, point: SafePoint, wish: Wish) -> Wish:
         return wish
@@ -165,11 +171,13 @@ class RankedCheckpointer:
     def take_handed_over(self) -> Loaded | None:
         return None  # a hand-over is one process's memory; ranks resume from storage
 
+    def listens(self, step: int, *, every_steps: int | None, last_saved_step: int) -> bool:
+        """Only where the ranks agree (``agreement``); elsewhere nothing happens, at no cost."""
+        return agreement.agrees(step, self._next, every_steps=every_steps, last_saved_step=last_saved_step)
+
     def agree(self, point: SafePoint, wish: Wish) -> Wish:
         """Whichever rank was asked, every rank saves (or stops at) the same step: the next
-        at which the ranks agree. Elsewhere nothing happens, at no cost."""
-        if not agreement.must_agree(point, self._next):
-            return Wish()
+        at which the ranks agree."""
         start = time.perf_counter()
         step_ns = UNKNOWN_NS
         if self._since is not None and point.step > self._since[1]:

@@ -76,11 +76,15 @@ def due(point: SafePoint) -> bool:
 
 
 def due_by_steps(point: SafePoint) -> bool:
-    """Is a checkpoint due by the step count? The same answer on every rank (the ranks share
-    their settings, their step and their last save), so ranks that agree only now and then
-    must agree at such a step: it is due here and nowhere else."""
-    by_steps = point.every_steps is not None and point.step > 0 and point.step % point.every_steps == 0
-    return by_steps and point.step != point.last_saved_step
+    """Is a checkpoint due by the step count? (``due_at`` of the point's values.)"""
+    return due_at(point.step, every_steps=point.every_steps, last_saved_step=point.last_saved_step)
+
+
+def due_at(step: int, *, every_steps: int | None, last_saved_step: int) -> bool:
+    """Is a checkpoint due by the step count at ``step``? The same answer on every rank (the
+    ranks share their settings, their step and their last save), so ranks that agree only
+    now and then must agree at such a step: it is due here and nowhere else."""
+    return every_steps is not None and step > 0 and step % every_steps == 0 and step != last_saved_step
 
 
 def wish(point: SafePoint) -> Wish:
