@@ -9,9 +9,10 @@ costs, how fast a stop ends every rank.
    Goal: median async / median sync <= 0.1.
 2. Per-step overhead of the ranks' agreement: data-parallel steps of 5, 20 and 100 ms
    (a sleep, the same length on both ranks on a shared machine, then a gradient
-   all-reduce of 4 KiB), nothing due, timed over whole loops: plain (no ferry), under
-   ferry (its safe point every step, agreement as scheduled), and with one more gloo
-   all-reduce per step (how ferry agreed before). Goal: ferry / plain <= 1.01.
+   all-reduce of 4 KiB), nothing due: plain (no ferry), under ferry (its safe point every
+   step, agreement as scheduled), and with one more gloo all-reduce per step (how ferry
+   agreed before), timed in short chunks of each kind in turn (about 0.3-0.6 s each).
+   Goal: ferry / plain <= 1.01.
 3. Stop latency: a fresh job per round; after a warm-up (a first save committed) SIGUSR1
    goes to rank 1 alone; the time until every rank has exited, each with 85.
 
@@ -64,15 +65,18 @@ def longest(values):
 
 
 def saving(blocking):
-    session.config = dataclasses.replace(session.config, every_steps=10, async_save=not blocking)
-    times = []
-    for _ in range(10):
+    """The time the saving step's safe point blocks training, the longest over the ranks."""
+    session.config = dataclasses.replace(session.config, every_steps=None)
+    while (session.global_step + 1) % 10:
         train_step(0.02)
-        t0 = time.perf_counter()
         ferry.step()
-        times.append(time.perf_counter() - t0)
+    settle()
+    session.config = dataclasses.replace(session.config, every_steps=10, async_save=not blocking)
+    train_step(0.02)
+    t0 = time.perf_counter()
+    ferry.step()  # the 10th: a checkpoint is due
+    blocked = longest([time.perf_counter() - t0])
     assert session.global_step % 10 == 0
-    blocked = longest(times[-1:])  # the 10th step saved
     settle()
     return blocked
 
@@ -87,12 +91,11 @@ def train_step(dt):
     dist.all_reduce(GRAD)
 
 
-def loop(kind, dt, steps):
-    session.config = dataclasses.replace(session.config, every_steps=None)
-    flag = torch.zeros(2, dtype=torch.int64)
-    for _ in range(10):  # warm-up: ferry measures the pace of agreeing again
-        train_step(dt)
-        ferry.step()
+FLAG = torch.zeros(2, dtype=torch.int64)
+
+
+def chunk(kind, dt, steps):
+    """``steps`` steps of one kind, timed; the longest over the ranks."""
     settle()
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -100,24 +103,28 @@ def loop(kind, dt, steps):
         if kind == "ferry":
             ferry.step()
         elif kind == "allreduce":
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    per_step = (time.perf_counter() - t0) / steps
-    settle()
-    return longest([per_step])
+            dist.all_reduce(FLAG, op=dist.ReduceOp.MAX)
+    return longest([time.perf_counter() - t0])
 
 
 if mode == "measure":
     results = {"async": [], "sync": [], "steps": {}}
     saving(False)  # warm-up: the snapshot buffer is allocated once, then reused
     saving(True)
+    kinds = ["plain", "ferry", "allreduce"]
     for r in range(rounds):
         for blocking in ((False, True) if r % 2 == 0 else (True, False)):
             results["sync" if blocking else "async"].append(saving(blocking))
-        for dt, steps in ((0.005, 300), (0.020, 100), (0.100, 25)):
-            kinds = ["plain", "ferry", "allreduce"]
-            kinds = kinds[r % 3:] + kinds[:r % 3]
+        session.config = dataclasses.replace(session.config, every_steps=None)
+        for dt, steps, chunks in ((0.005, 60, 5), (0.020, 25, 4), (0.100, 6, 4)):
+            chunk("ferry", dt, 20)  # warm-up: ferry measures the pace of agreeing again
+            totals = dict.fromkeys(kinds, 0.0)
+            for c in range(chunks):  # short chunks, the kinds in turn: the same machine noise
+                for kind in kinds[(r + c) % 3 :] + kinds[: (r + c) % 3]:
+                    totals[kind] += chunk(kind, dt, steps)
             for kind in kinds:
-                results["steps"].setdefault(f"{dt}", {}).setdefault(kind, []).append(loop(kind, dt, steps))
+                per_step = totals[kind] / (steps * chunks)
+                results["steps"].setdefault(f"{dt}", {}).setdefault(kind, []).append(per_step)
     if rank == 0:
         with open(out, "w") as f:
             json.dump(results, f)

@@ -32,7 +32,8 @@ log = logging.getLogger("ferry")
 
 UNKNOWN_NS = 1 << 62
 """A cost or step time not measured yet, as sent in a vote: larger than any measurement, so
-that the least over the ranks is a measured one wherever some rank has one."""
+that an agreed cost is unknown until every rank measured one, and an agreed step time is
+known as soon as any rank measured one."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class Vote:
     stop: bool = False
     save: bool = False
     cost_ns: int = UNKNOWN_NS
-    """This rank's cost of one agreement; agreed: the least over the ranks."""
+    """This rank's cost of one agreement; agreed: the largest over the ranks."""
     step_ns: int = UNKNOWN_NS
     """This rank's time of one step; agreed: the least over the ranks."""
     token: int = 0
@@ -70,11 +71,11 @@ class RankGroup:
         return self._group
 
     def agree(self, vote: Vote) -> Vote:
-        """Every rank's wishes united, the least cost and step time, rank 0's token: the same
-        on all ranks. JobError when another rank left the job meanwhile (it failed: its own
+        """Every rank's wishes united, the largest cost, the least step time, rank 0's token:
+        the same on all ranks. JobError when another rank left the job meanwhile (it failed: its own
         output names the cause)."""
         token = secrets.randbits(62) if self.rank == 0 else 0
-        values = [int(vote.stop), int(vote.save), -vote.cost_ns, -vote.step_ns, token]
+        values = [int(vote.stop), int(vote.save), vote.cost_ns, -vote.step_ns, token]
         flags = torch.tensor(values, dtype=torch.int64)
         try:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
@@ -85,7 +86,7 @@ class RankGroup:
                 f"the cause), so the ranks cannot agree on a checkpoint: {first}"
             ) from exc
         stop, save, cost, step, token = (int(v) for v in flags.tolist())
-        return Vote(bool(stop), bool(save), -cost, -step, token)
+        return Vote(bool(stop), bool(save), cost, -step, token)
 
     def background_group(self) -> Any:
         """A gloo group that only background saves use (torch.distributed.checkpoint's

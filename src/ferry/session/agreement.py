@@ -6,7 +6,7 @@ many. At every safe point that is several percent of a 5 ms step, so the ranks a
 at some safe points, the same ones on every rank:
 
 - every ``interval(pace)`` steps, where ``pace`` is what the last agreement measured (the
-  cost of an agreement, the time of a step, each the least any rank saw): so that agreeing
+  cost of an agreement, the most any rank saw; the time of a step, the least): so that agreeing
   costs at most ``knobs.AGREE_OVERHEAD`` of training time, and a signal waits for the next
   agreement at most ``knobs.AGREE_LATENCY_SECONDS`` (or one step, where a step is longer);
 - at a step where a checkpoint is due by the step count, which is due on every rank alike

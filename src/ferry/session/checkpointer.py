@@ -3,6 +3,7 @@ at start (``for_process``), so the session never asks which."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -182,7 +183,8 @@ class RankedCheckpointer:
         step_ns = UNKNOWN_NS
         if self._since is not None and point.step > self._since[1]:
             step_ns = int((start - self._since[0]) / (point.step - self._since[1]) * 1e9)
-        mine = Vote(wish.stop, wish.save, min(self._costs, default=UNKNOWN_NS), step_ns)
+        cost_ns = int(statistics.median(self._costs)) if self._costs else UNKNOWN_NS
+        mine = Vote(wish.stop, wish.save, cost_ns, step_ns)
         agreed = self.group.agree(mine)
         end = time.perf_counter()
         self._costs.append(int((end - start) * 1e9))
