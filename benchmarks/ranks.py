@@ -9,10 +9,10 @@ costs, how fast a stop ends every rank.
    Goal: median async / median sync <= 0.1.
 2. Per-step overhead of the ranks' agreement: data-parallel steps of 5, 20 and 100 ms
    (a sleep, the same length on both ranks on a shared machine, then a gradient
-   all-reduce of 4 KiB), nothing due: plain (no ferry), under ferry (its safe point every
-   step, agreement as scheduled), and with one more gloo all-reduce per step (how ferry
-   agreed before), timed in short chunks of each kind in turn (about 0.3-0.6 s each).
-   Goal: ferry / plain <= 1.01.
+   all-reduce of 4 KiB), nothing due: plain (no ferry); under ferry with the agreement off
+   (its safe point every step, the ranks never agreeing) and on (as scheduled); and plain
+   with one more gloo all-reduce per step (how ferry agreed before), timed in short chunks
+   of each kind in turn (0.3-0.5 s each). Goal: agreement on / off <= 1.01.
 3. Stop latency: a fresh job per round; after a warm-up (a first save committed) SIGUSR1
    goes to rank 1 alone; the time until every rank has exited, each with 85.
 
@@ -94,33 +94,41 @@ def train_step(dt):
 FLAG = torch.zeros(2, dtype=torch.int64)
 
 
+def never(*args, **kwargs):
+    return False
+
+
 def chunk(kind, dt, steps):
     """``steps`` steps of one kind, timed; the longest over the ranks."""
+    if kind == "ferry-off":  # the session's safe points, never an agreement
+        session.checkpointer.listens = never
     settle()
     t0 = time.perf_counter()
     for _ in range(steps):
         train_step(dt)
-        if kind == "ferry":
+        if kind in ("ferry", "ferry-off"):
             ferry.step()
         elif kind == "allreduce":
             dist.all_reduce(FLAG, op=dist.ReduceOp.MAX)
-    return longest([time.perf_counter() - t0])
+    seconds = longest([time.perf_counter() - t0])
+    vars(session.checkpointer).pop("listens", None)
+    return seconds
 
 
 if mode == "measure":
     results = {"async": [], "sync": [], "steps": {}}
     saving(False)  # warm-up: the snapshot buffer is allocated once, then reused
     saving(True)
-    kinds = ["plain", "ferry", "allreduce"]
+    kinds = ["plain", "ferry-off", "ferry", "allreduce"]
     for r in range(rounds):
         for blocking in ((False, True) if r % 2 == 0 else (True, False)):
             results["sync" if blocking else "async"].append(saving(blocking))
         session.config = dataclasses.replace(session.config, every_steps=None)
-        for dt, steps, chunks in ((0.005, 60, 5), (0.020, 25, 4), (0.100, 6, 4)):
+        for dt, steps, chunks in ((0.005, 60, 4), (0.020, 20, 4), (0.100, 5, 3)):
             chunk("ferry", dt, 20)  # warm-up: ferry measures the pace of agreeing again
             totals = dict.fromkeys(kinds, 0.0)
             for c in range(chunks):  # short chunks, the kinds in turn: the same machine noise
-                for kind in kinds[(r + c) % 3 :] + kinds[: (r + c) % 3]:
+                for kind in kinds[(r + c) % 4 :] + kinds[: (r + c) % 4]:
                     totals[kind] += chunk(kind, dt, steps)
             for kind in kinds:
                 per_step = totals[kind] / (steps * chunks)
@@ -221,7 +229,8 @@ def main() -> None:
         "blocked_ratio": med(measured["async"]) / med(measured["sync"]),
         "blocked_goal": 0.1,
         "step_ms": steps,
-        "agreement_ratio": {dt: s["ferry"] / s["plain"] for dt, s in steps.items()},
+        "agreement_ratio": {dt: s["ferry"] / s["ferry-off"] for dt, s in steps.items()},
+        "ferry_ratio": {dt: s["ferry"] / s["plain"] for dt, s in steps.items()},
         "allreduce_every_step_ratio": {dt: s["allreduce"] / s["plain"] for dt, s in steps.items()},
         "agreement_goal": 1.01,
         "stop_to_all_exited_s": med(stops),
@@ -234,8 +243,9 @@ def main() -> None:
     print(f"training blocked by a save: async {result['blocked_async_s']:.3f} s, "
           f"sync {result['blocked_sync_s']:.3f} s")  # fmt: skip
     for dt, s in steps.items():
-        print(f"step {float(dt) * 1e3:.0f} ms: plain {s['plain']:.3f} ms, ferry {s['ferry']:.3f} ms "
-              f"(x{s['ferry'] / s['plain']:.4f}), all-reduce every step {s['allreduce']:.3f} ms "
+        print(f"step {float(dt) * 1e3:.0f} ms: plain {s['plain']:.3f} ms; ferry, agreement off "
+              f"{s['ferry-off']:.3f} ms, on {s['ferry']:.3f} ms (on/off x{s['ferry'] / s['ferry-off']:.4f}, "
+              f"on/plain x{s['ferry'] / s['plain']:.4f}); all-reduce every step {s['allreduce']:.3f} ms "
               f"(x{s['allreduce'] / s['plain']:.4f})")  # fmt: skip
     print(f"stop signal on rank 1 -> every rank exited 85: {result['stop_to_all_exited_s']:.3f} s "
           f"(rounds: {', '.join(f'{s:.2f}' for s in stops)})")  # fmt: skip

@@ -192,6 +192,10 @@ class RankSaver:
         if self.rank == 0:
             outcome = self._conclude(txn, snap)
             self.board.post(f"{snap.name}/outcome", _dump(outcome))
+            # Every rank read the previous save's outcome before it posted a part of this one.
+            parts = [f"{snap.name}/part/{r}" for r in range(self.world_size)]
+            self.board.remove([*parts, *self._spent])
+            self._spent = [f"{snap.name}/plan", f"{snap.name}/outcome"]
         else:
             (raw,) = self.board.wait([f"{snap.name}/outcome"], self.timeout)
             outcome = _load(raw)
@@ -243,8 +247,6 @@ class RankSaver:
         except Exception as exc:  # a rank that hangs: nothing is committed
             txn.abort()
             return {"error": str(exc) if isinstance(exc, FerryError) else failure(0, exc)}
-        self.board.remove([*keys, *self._spent])  # every rank has read the previous outcome
-        self._spent = [f"{snap.name}/plan", f"{snap.name}/outcome"]
         try:
             with txn:
                 errors = [str(part["error"]) for part in parts if "error" in part]

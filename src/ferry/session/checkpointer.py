@@ -183,7 +183,7 @@ class RankedCheckpointer:
         step_ns = UNKNOWN_NS
         if self._since is not None and point.step > self._since[1]:
             step_ns = int((start - self._since[0]) / (point.step - self._since[1]) * 1e9)
-        cost_ns = int(statistics.median(self._costs)) if self._costs else UNKNOWN_NS
+        cost_ns = int(statistics.fmean(self._costs)) if self._costs else UNKNOWN_NS
         mine = Vote(wish.stop, wish.save, cost_ns, step_ns)
         agreed = self.group.agree(mine)
         end = time.perf_counter()
