@@ -24,6 +24,23 @@ STATUS_SECONDS = 1.0
 """How often a training process refreshes its status (the heartbeat that `ferry list` and
 `ferry status` read), at a safe point: fresher step counts, against a small file write."""
 
+AGREE_OVERHEAD = 0.005
+"""The share of training time the ranks of a job may spend agreeing whether to save or stop
+(``ferry.session.agreement``): they agree every N steps, N chosen from the measured cost
+of one agreement and of one step. Half the 1 % goal, since both measures are noisy; lower
+means rarer agreements, so a signal waits more steps."""
+
+AGREE_LATENCY_SECONDS = 0.5
+"""The longest a signal or request waits for the ranks' next agreement (steps longer than
+this: one step). Bounds the interval that AGREE_OVERHEAD asks for when agreeing is costly
+against the step (thousands of ranks, millisecond steps), at the price of that overhead."""
+
+RANK_SAVE_TIMEOUT_SECONDS = 1800.0
+"""How long a rank's background save waits for the other ranks (rank 0's plan, every rank's
+part, rank 0's outcome) before it fails: a rank that died is seen sooner by the ranks'
+next agreement, this only bounds a rank that hangs. As long as torch's default process
+group timeout, which the same hang would hit in a collective."""
+
 # ---------------------------------------------------------------------- engine and storage I/O
 WRITE_CHUNK_BYTES = 16 << 20
 """Bytes per write call of a checkpoint file: large enough for full-speed I/O, small enough

@@ -157,18 +157,20 @@ def test_a_worker_with_a_bad_ferry_setting_never_trains_unprotected(tmp_path: Pa
     )
 
 
-def stop_rank_one_after_10_steps(cmd: list[str], env: dict[str, str], out: Path, script: str) -> None:
-    """Run ``cmd`` (ferry run -- torchrun ...) and SIGUSR1 rank 1 alone once rank 0 logged 10
-    steps; the whole job must then checkpoint and exit 85. The ranks hold after step 11 until
-    the signal is sent, so a busy machine cannot let training end first."""
+def stop_rank_one_after_13_steps(cmd: list[str], env: dict[str, str], out: Path, script: str) -> None:
+    """Run ``cmd`` (ferry run -- torchrun ...) and SIGUSR1 rank 1 alone once rank 0 logged 13
+    steps; the whole job must then checkpoint and exit 85. The ranks hold after step 13 until
+    the signal is sent, so a busy machine cannot let training end first. The ranks agree
+    every few steps (at most 0.5 s apart), so the stop lands from step 13 to 23: mid-epoch
+    (an epoch is 12 steps)."""
     release = out.parent / "release-ranks"
-    cmd = [*cmd, "--hold-at", "11", "--release", str(release)]
+    cmd = [*cmd, "--hold-at", "13", "--release", str(release)]
     first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log = out / "rank0" / "log.txt"
     deadline = time.monotonic() + 180
     try:
         while time.monotonic() < deadline and first.poll() is None:
-            if log.exists() and log.read_text().count("\n") >= 10:
+            if log.exists() and log.read_text().count("\n") >= 13:
                 pid = _pid_of_rank(script, 1)
                 assert pid is not None
                 os.kill(pid, signal.SIGUSR1)
@@ -225,7 +227,7 @@ def test_torchrun_two_ranks_signal_one_rank_then_resume_on_two_and_one(tmp_path:
         "--out",
         str(tmp_path / "run"),
     ]
-    stop_rank_one_after_10_steps([*cmd, "--sleep", "0.05"], env, tmp_path / "run", script)
+    stop_rank_one_after_13_steps([*cmd, "--sleep", "0.05"], env, tmp_path / "run", script)
     (saved,) = [p for p in (tmp_path / "ck").iterdir() if p.name.startswith("step-")]
     assert sorted(f.name for f in saved.iterdir()) == [
         "data-0.bin",
@@ -282,7 +284,7 @@ def test_fsdp_sharded_state_goes_through_dcp_and_reshards(tmp_path: Path) -> Non
     assert ref.returncode == 0, ref.stderr[-3000:]
     cmd = [FERRY, "run", "--dir", str(tmp_path / "ck"), "--job-id", "fsdp", "--every-steps", "8", "--",
            *torchrun, "2", script, "--out", str(tmp_path / "run")]  # fmt: skip
-    stop_rank_one_after_10_steps([*cmd, "--sleep", "0.05"], env, tmp_path / "run", script)
+    stop_rank_one_after_13_steps([*cmd, "--sleep", "0.05"], env, tmp_path / "run", script)
     newest = sorted(p for p in (tmp_path / "ck").iterdir() if p.name.startswith("step-"))[-1]
     assert {f.name for f in (newest / "dcp").iterdir()} == {"metadata.json", "shards-0.bin", "shards-1.bin"}
     second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)

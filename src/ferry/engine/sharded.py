@@ -3,7 +3,9 @@
 Each sharded model is saved together with the optimizers that train it, as DCP state
 dicts, into the ``dcp/`` folder of the checkpoint being staged; every rank writes its own
 shards and rank 0 the description of them. DCP reshards on load, so such a checkpoint can
-be restored on another number of ranks. All calls are collectives on the training thread.
+be restored on another number of ranks. A save is staged to host memory on the training
+thread (``stage``) and written by the background save (``write``), whose collectives run on
+a gloo group that only background saves use; loading is a collective on the training thread.
 
 DCP plans; the bytes go through ferry's own storage writer and reader (dcpio.py): the
 description is JSON (``dcp/metadata.json``), chunks are raw bytes, plain values (an
@@ -74,20 +76,28 @@ def optimizers_saved(sharded: dict[str, tuple[nn.Module, list[Any]]]) -> dict[st
     return {name: bool(opts) and all(o.state for o in opts) for name, (_, opts) in sharded.items()}
 
 
-def save(sharded: dict[str, tuple[nn.Module, list[Any]]], path: str) -> dict[str, bool]:
-    """Save; returns ``optimizers_saved(sharded)``."""
+def stage(sharded: dict[str, tuple[nn.Module, list[Any]]]) -> dict[str, Any]:
+    """The state ``write`` saves, copied to host memory (DTensors keep their sharding): the
+    snapshot of an asynchronous save, on the training thread; training may then go on."""
+    from torch.distributed.checkpoint.staging import BlockingAsyncStager
+
+    staged: dict[str, Any] = BlockingAsyncStager().stage(_state(sharded, optimizers_saved(sharded)))
+    return staged
+
+
+def write(state: dict[str, Any], path: str, group: Any = None) -> None:
+    """Save ``state`` (from ``stage``) into the DCP folder ``path``: a collective over
+    ``group`` (the default group when None), on whichever thread every rank of it calls."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    with_optim = optimizers_saved(sharded)
     writer, planner = dcpio.Writer(path), dcpio.SavePlanner()
     try:
-        dcp.save(_state(sharded, with_optim), storage_writer=writer, planner=planner)  # type: ignore[attr-defined]
+        dcp.save(state, storage_writer=writer, planner=planner, process_group=group)  # type: ignore[attr-defined]
     except CheckpointException as exc:  # a BaseException: every rank gets it, from every rank
         raise _dcp_failed(
             exc, lambda why: StorageError(f"{path}: saving the sharded state failed ({why})")
         ) from exc
-    return with_optim
 
 
 def check_listed(path: str) -> None:

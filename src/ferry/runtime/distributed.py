@@ -1,7 +1,11 @@
-"""Multi-rank agreement: every rank checkpoints at the same step, whichever rank was asked.
+"""Multi-rank agreement: every rank checkpoints at the same step, whichever rank was asked;
+and the channel the ranks' background saves talk through.
 
-All calls here are collectives made from the training thread at a safe point (never from
-a background thread). They run on a gloo group of their own, so they work beside NCCL.
+``RankGroup.agree`` is a collective made from the training thread at a safe point (never
+from a background thread), on a gloo group of its own, so it works beside NCCL. The
+background saves use ``StoreBoard``: keys on the job's TCPStore, through a connection of
+their own (a blocking wait there never holds the training thread's store calls), no
+collectives.
 """
 
 from __future__ import annotations
@@ -9,18 +13,41 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, TCPStore
 
-from ferry.errors import JobError
+from ferry.errors import JobError, StorageError
 
 log = logging.getLogger("ferry")
 
-STOP, CHECKPOINT = 0, 1
+UNKNOWN_NS = 1 << 62
+"""A cost or step time not measured yet, as sent in a vote: larger than any measurement, so
+that an agreed cost is unknown until every rank measured one, and an agreed step time is
+known as soon as any rank measured one."""
+
+
+@dataclass(frozen=True)
+class Vote:
+    """What one rank brings to an agreement, and what the agreement returns."""
+
+    stop: bool = False
+    save: bool = False
+    cost_ns: int = UNKNOWN_NS
+    """This rank's cost of one agreement; agreed: the largest over the ranks."""
+    step_ns: int = UNKNOWN_NS
+    """This rank's time of one step; agreed: the least over the ranks."""
+    token: int = 0
+    """Agreed: rank 0's random number, which names the save this agreement may start."""
 
 
 class RankGroup:
@@ -43,10 +70,13 @@ class RankGroup:
             self._group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
         return self._group
 
-    def agree(self, stop: bool, checkpoint: bool) -> tuple[bool, bool]:
-        """The union of every rank's wishes, identical on all ranks. JobError when another
-        rank left the job meanwhile (it failed: its own output names the cause)."""
-        flags = torch.tensor([int(stop), int(checkpoint)], dtype=torch.int64)
+    def agree(self, vote: Vote) -> Vote:
+        """Every rank's wishes united, the largest cost, the least step time, rank 0's token:
+        the same on all ranks. JobError when another rank left the job meanwhile (it failed: its own
+        output names the cause)."""
+        token = secrets.randbits(62) if self.rank == 0 else 0
+        values = [int(vote.stop), int(vote.save), vote.cost_ns, -vote.step_ns, token]
+        flags = torch.tensor(values, dtype=torch.int64)
         try:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
         except (RuntimeError, ValueError) as exc:  # torch's DistBackendError is a RuntimeError
@@ -55,21 +85,79 @@ class RankGroup:
                 f"rank {self.rank}: another rank of the job failed or left (its own output names "
                 f"the cause), so the ranks cannot agree on a checkpoint: {first}"
             ) from exc
-        return bool(flags[STOP]), bool(flags[CHECKPOINT])
+        stop, save, cost, step, token = (int(v) for v in flags.tolist())
+        return Vote(bool(stop), bool(save), cost, -step, token)
 
-    def broadcast(self, value: Any) -> Any:
-        box = [value]
-        dist.broadcast_object_list(box, src=0, group=self.group)
-        return box[0]
+    def background_group(self) -> Any:
+        """A gloo group that only background saves use (torch.distributed.checkpoint's
+        collectives), so that they never interleave with the training thread's. Collective:
+        every rank makes its first call at the same save."""
+        return dist.new_group(backend="gloo")
 
-    def gather(self, value: Any) -> list[Any] | None:
-        """Rank 0 gets every rank's small, JSON-like ``value``; others get None."""
-        out: list[Any] = [None] * self.world_size if self.rank == 0 else []
-        dist.gather_object(value, out if self.rank == 0 else None, dst=0, group=self.group)
-        return out if self.rank == 0 else None
+    def board(self) -> StoreBoard:
+        """The job's store, through a connection of this rank's own where it is a TCPStore."""
+        store: Any = dist.distributed_c10d._get_default_store()
+        while isinstance(store, PrefixStore):
+            store = store.underlying_store
+        if isinstance(store, TCPStore):
+            store = TCPStore(
+                store.host, store.port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=60)
+            )
+        return StoreBoard(store)
 
-    def barrier(self) -> None:
-        dist.barrier(group=self.group)
+
+class StoreBoard:
+    """Small values shared by the ranks' background saves through a ``torch.distributed``
+    store (``ferry.engine.ranksave.Board``). Keys are set once and read by any rank; a wait
+    blocks until every key named is set, then returns their values."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def post(self, key: str, value: bytes) -> None:
+        self.store.set(key, value)
+
+    def wait(self, keys: list[str], timeout: float) -> list[bytes]:
+        t0 = time.monotonic()
+        try:
+            self.store.wait(keys, timedelta(seconds=timeout))
+            values: list[bytes] = self.store.multi_get(keys)
+        except (RuntimeError, ValueError) as exc:  # a timeout, or the store is gone
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StorageError(
+                f"the other ranks did not answer in {time.monotonic() - t0:.0f} s ({why}); one of them "
+                "failed or hangs (its own output names the cause)"
+            ) from exc
+        return values
+
+    def remove(self, keys: list[str]) -> None:
+        for key in keys:
+            with contextlib.suppress(RuntimeError):
+                self.store.delete_key(key)
+
+
+class WaitBeforeTeardown:
+    """``torch.distributed.destroy_process_group`` first calls ``wait`` (the save in flight):
+    a background save writes sharded state through collectives on a group of its own, and
+    scripts tear the groups down right after training, before ferry's session closes at
+    exit, which would pull the group from under the last save. Hooked at that one function
+    of ``torch.distributed`` (how scripts call it), put back by ``remove`` unless another
+    hook was put on top since."""
+
+    def __init__(self, wait: Callable[[], None]) -> None:
+        self.original = dist.destroy_process_group
+
+        def destroy_process_group(group: Any = None) -> None:
+            with contextlib.suppress(Exception):  # its failure was reported; the teardown goes on
+                wait()
+            self.original(group)
+
+        self.hook = destroy_process_group
+        dist.destroy_process_group = destroy_process_group
+
+    def remove(self) -> None:
+        if dist.destroy_process_group is self.hook:
+            dist.destroy_process_group = self.original
 
 
 class AbortOnCrash:

@@ -3,17 +3,27 @@ at start (``for_process``), so the session never asks which."""
 
 from __future__ import annotations
 
+import statistics
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from ferry.config import Config
 from ferry.engine import AsyncSaver, CheckpointInfo, Loaded, sharded
-from ferry.engine.ranks import save_ranked
+from ferry.engine.ranksave import RankSaver
 from ferry.runtime import handoff
-from ferry.runtime.distributed import AbortOnCrash, RankGroup, replicated
-from ferry.session.policy import Wish
+from ferry.runtime.distributed import (
+    UNKNOWN_NS,
+    AbortOnCrash,
+    RankGroup,
+    Vote,
+    WaitBeforeTeardown,
+    replicated,
+)
+from ferry.session import agreement
+from ferry.session.policy import SafePoint, Wish
 from ferry.state.training import TrainingState
-from ferry.storage import open_storage
 
 OnCommit = Callable[[CheckpointInfo], None]
 OnError = Callable[[int, Exception], None]
@@ -23,7 +33,10 @@ class Checkpointer(Protocol):
     """Writes the session's checkpoints. Every call is made on the training thread:
 
     1. ``take_handed_over()`` once at start, before looking for a checkpoint on disk;
-    2. ``agree(wish)`` at every safe point that is not idle (a collective across ranks);
+    2. ``listens(step, ...)`` at every safe point that is not idle: can this one lead to a
+       save or a stop? If not (the ranks agree only now and then), the session skips it at
+       no cost; if so, ``agree(point, wish)`` (across ranks, a collective: the same safe
+       points on every rank);
     3. ``keeps_objects(objects)`` while capturing: does this process save the objects?
     4. ``write(...)`` to save; a commit is reported to ``on_commit``, a failure of a
        background save to ``on_error`` (a failure inside ``write`` raises);
@@ -40,7 +53,8 @@ class Checkpointer(Protocol):
         ...
 
     def take_handed_over(self) -> Loaded | None: ...
-    def agree(self, wish: Wish) -> Wish: ...
+    def listens(self, step: int, *, every_steps: int | None, last_saved_step: int) -> bool: ...
+    def agree(self, point: SafePoint, wish: Wish) -> Wish: ...
     def keeps_objects(self, objects: dict[str, Any]) -> bool: ...
     def write(
         self,
@@ -60,7 +74,7 @@ def for_process(config: Config, on_commit: OnCommit, on_error: OnError) -> Check
     group = RankGroup.detect()
     if group is None:
         return LocalCheckpointer(config, on_commit, on_error)
-    return RankedCheckpointer(config, group, on_commit)
+    return RankedCheckpointer(config, group, on_commit, on_error)
 
 
 class LocalCheckpointer:
@@ -88,7 +102,10 @@ class LocalCheckpointer:
             return None
         return handoff.take(self.config.handoff_dir, self.config.dir)
 
-    def agree(self, wish: Wish) -> Wish:
+    def listens(self, step: int, *, every_steps: int | None, last_saved_step: int) -> bool:
+        return True
+
+    def agree(self, point: SafePoint, wish: Wish) -> Wish:
         return wish
 
     def keeps_objects(self, objects: dict[str, Any]) -> bool:
@@ -122,14 +139,31 @@ class LocalCheckpointer:
 
 
 class RankedCheckpointer:
-    """One rank of several: every rank saves the same step, collectively, on the training
-    thread (background threads make no collective calls), and rank 0 commits."""
+    """One rank of several. On the training thread, the ranks agree now and then
+    (``agreement``) whether to save or stop, and every rank snapshots the same step; the
+    writing and rank 0's commit go on in the background (``ferry.engine.ranksave``, through
+    the job's store: background threads make no collective calls of ferry's own)."""
 
-    def __init__(self, config: Config, group: RankGroup, on_commit: OnCommit) -> None:
-        self.config, self.group, self.on_commit = config, group, on_commit
+    def __init__(self, config: Config, group: RankGroup, on_commit: OnCommit, on_error: OnError) -> None:
+        self.config, self.group = config, group
         self.rank, self.world_size = group.rank, group.world_size
-        open_storage(config.dir)  # a URL no backend takes fails now, not at the first save
+        self.saver = RankSaver(
+            config.dir,  # a URL no backend takes fails now, not at the first save
+            rank=self.rank,
+            world_size=self.world_size,
+            board=group.board(),
+            keep_last=config.keep_last,
+            keep_every=config.keep_every,
+            on_commit=on_commit,
+            on_error=on_error,
+        )
         self._abort = AbortOnCrash(self.rank)
+        self._teardown = WaitBeforeTeardown(self.wait)
+        self._next = 0  # the step of the next agreement
+        self._costs: deque[int] = deque(maxlen=8)  # this rank's last agreements, ns
+        self._since: tuple[float, int] | None = None  # the last agreement's end and step
+        self._token = 0  # the last agreement's: names the save it decided
+        self._shard_group: Any = None
 
     @property
     def leads(self) -> bool:
@@ -138,10 +172,29 @@ class RankedCheckpointer:
     def take_handed_over(self) -> Loaded | None:
         return None  # a hand-over is one process's memory; ranks resume from storage
 
-    def agree(self, wish: Wish) -> Wish:
-        """Whichever rank was asked, every rank saves (or stops at) this step."""
-        stop, save = self.group.agree(wish.stop, wish.save)
-        return Wish(stop=stop, save=save)
+    def listens(self, step: int, *, every_steps: int | None, last_saved_step: int) -> bool:
+        """Only where the ranks agree (``agreement``); elsewhere nothing happens, at no cost."""
+        return agreement.agrees(step, self._next, every_steps=every_steps, last_saved_step=last_saved_step)
+
+    def agree(self, point: SafePoint, wish: Wish) -> Wish:
+        """Whichever rank was asked, every rank saves (or stops at) the same step: the next
+        at which the ranks agree."""
+        start = time.perf_counter()
+        step_ns = UNKNOWN_NS
+        if self._since is not None and point.step > self._since[1]:
+            step_ns = int((start - self._since[0]) / (point.step - self._since[1]) * 1e9)
+        cost_ns = int(statistics.fmean(self._costs)) if self._costs else UNKNOWN_NS
+        mine = Vote(wish.stop, wish.save, cost_ns, step_ns)
+        agreed = self.group.agree(mine)
+        end = time.perf_counter()
+        self._costs.append(int((end - start) * 1e9))
+        self._since, self._token = (end, point.step), agreed.token
+        pace = agreement.Pace(
+            cost=None if agreed.cost_ns >= UNKNOWN_NS else agreed.cost_ns / 1e9,
+            step=None if agreed.step_ns >= UNKNOWN_NS else agreed.step_ns / 1e9,
+        )
+        self._next = point.step + agreement.interval(pace)
+        return Wish(stop=agreed.stop, save=agreed.save)
 
     def keeps_objects(self, objects: dict[str, Any]) -> bool:
         """Replicated (DDP) objects are written once, by rank 0."""
@@ -155,28 +208,39 @@ class RankedCheckpointer:
         meta: dict[str, Any],
         extra_files: dict[str, bytes] | None,
         blocking: bool,
-    ) -> CheckpointInfo:
+    ) -> CheckpointInfo | None:
+        """Every rank at the same step, right after the agreement that decided it."""
+        self.saver.wait()  # before staging: host memory holds one save's state at a time
+        self._since = None  # the save's time is no step's
         shards, _ = sharded.split(objects)
-        info = save_ranked(
-            self.config.dir,
-            self.group,
+        staged = None
+        if shards:
+            if self._shard_group is None:  # collective: every rank saves this step
+                self._shard_group = self.group.background_group()
+            staged = sharded.stage(shards)
+        handle = self.saver.save(
             state.tree(),
+            name=f"ferry/save/{self._token:016x}",
             step=state.global_step,
             meta=meta,
-            keep_last=self.config.keep_last,
-            keep_every=self.config.keep_every,
-            shards=shards,
             extra_files=extra_files,
+            shards=staged,
+            shard_group=self._shard_group,
+            blocking=blocking,
         )
-        self.on_commit(info)
-        return info
+        return handle.result() if blocking else None
 
     def wait(self) -> None:
-        """Nothing is ever in flight: a multi-rank save returns once committed."""
+        """Until the save in flight is committed (or failed) on every rank."""
+        self.saver.wait()
 
     def hand_over(self, capture: Callable[[], TrainingState]) -> None:
         """Ranks resume from storage."""
 
     def close(self) -> None:
-        """Nothing to wait for; a crash after this is no longer ferry's to handle."""
-        self._abort.disarm()
+        """Wait for the save in flight; a crash after this is no longer ferry's to handle."""
+        try:
+            self.saver.close()
+        finally:
+            self._teardown.remove()
+            self._abort.disarm()

@@ -254,8 +254,12 @@ class Session(Hooks):
             self.job.update_status("running", step=self.global_step)
             self._check_generators()
             self._next_status = now + STATUS_SECONDS
+        if not self.checkpointer.listens(
+            self.global_step, every_steps=self.config.every_steps, last_saved_step=self._last_step
+        ):
+            return  # between the ranks' agreements: requests and signals wait for the next
         point = self._point(now)
-        decision = policy.decide(point, self.checkpointer.agree(policy.wish(point)))
+        decision = policy.decide(point, self.checkpointer.agree(point, policy.wish(point)))
         if decision.action is policy.Action.NOTHING:
             return
         self.signals.checkpoint_requested = False

@@ -71,9 +71,20 @@ def idle(*, stopping: bool, restore_pending: bool) -> str | None:
 
 def due(point: SafePoint) -> bool:
     """Is a periodic checkpoint due? Never at step 0, never twice for one step."""
-    by_steps = point.every_steps is not None and point.step > 0 and point.step % point.every_steps == 0
     by_time = point.every_seconds is not None and point.now - point.last_saved_time >= point.every_seconds
-    return (by_steps or by_time) and point.step != point.last_saved_step
+    return (due_by_steps(point) or by_time) and point.step != point.last_saved_step
+
+
+def due_by_steps(point: SafePoint) -> bool:
+    """Is a checkpoint due by the step count? (``due_at`` of the point's values.)"""
+    return due_at(point.step, every_steps=point.every_steps, last_saved_step=point.last_saved_step)
+
+
+def due_at(step: int, *, every_steps: int | None, last_saved_step: int) -> bool:
+    """Is a checkpoint due by the step count at ``step``? The same answer on every rank (the
+    ranks share their settings, their step and their last save), so ranks that agree only
+    now and then must agree at such a step: it is due here and nowhere else."""
+    return every_steps is not None and step > 0 and step % every_steps == 0 and step != last_saved_step
 
 
 def wish(point: SafePoint) -> Wish:
