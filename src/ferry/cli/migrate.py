@@ -50,26 +50,55 @@ timeout_option = click.option(
     is_flag=True,
     help="Move even where the target devices cannot be checked (no NVML here).",
 )
+@click.option(
+    "--cold",
+    is_flag=True,
+    help="Restart the worker instead of starting the target worker beside the old one first.",
+)
 @timeout_option
 @json_option
-def migrate_cmd(job: str, target: str, unchecked_devices: bool, timeout: float, as_json: bool) -> None:
-    """Move JOB to other GPUs of this machine: checkpoint, restart on DEVICES, resume.
+def migrate_cmd(
+    job: str, target: str, unchecked_devices: bool, cold: bool, timeout: float, as_json: bool
+) -> None:
+    """Move JOB to other GPUs of this machine: checkpoint, hand over, resume on DEVICES.
 
-    Returns once the restarted worker reports it resumed at the saved step, and prints the
-    downtime: drain (to the next safe point), save, restart, restore. The job must run
-    under `ferry run --restarts N`.
+    Warm by default: the worker on DEVICES starts beside the running one and waits at its
+    restore point; the old worker then checkpoints at its next safe point, hands its state
+    over in host memory and exits, and the new one restores it and trains on. Cold (--cold,
+    or where the preflight finds too little host or GPU memory for a second copy, or a
+    multi-rank job): the old worker checkpoints and exits, then the new one starts.
+
+    Returns once the new worker resumed at the saved step and took a step, and prints the
+    downtime: warm, drain (to the next safe point), hand-over (save included), restore and
+    first step; cold, drain, save, restart, restore. The job must run under
+    `ferry run --restarts N`.
     """
     result = ops.migrate(
-        find_job(job), target, check_timeout(timeout), _progress(as_json), unchecked=unchecked_devices
+        find_job(job),
+        target,
+        check_timeout(timeout),
+        _progress(as_json),
+        unchecked=unchecked_devices,
+        cold=cold,
     )
     if as_json:
         emit_json(result.to_dict())
         return
-    click.echo(
+    moved = (
         f"job {result.job} moved from {result.source or 'all devices'} to {result.target} at step "
-        f"{result.step}, worker pid {result.pid}; downtime {result.downtime:.2f} s (drain "
-        f"{result.drain:.2f} s, save {result.save:.2f} s, restart {result.restart:.2f} s, restore "
-        f"{result.restore:.2f} s)"
+        f"{result.step}, worker pid {result.pid}; "
+    )
+    if result.warm:
+        click.echo(
+            f"{moved}downtime {result.downtime:.2f} s (drain {result.drain:.2f} s, hand-over "
+            f"{result.handover:.2f} s of which save {result.save:.2f} s, restore {result.restore:.2f} s, "
+            f"first step {result.first_step or 0.0:.2f} s); warm start-up {result.warm_startup:.2f} s "
+            "while the job trained"
+        )
+        return
+    click.echo(
+        f"{moved}downtime {result.downtime:.2f} s (drain {result.drain:.2f} s, save {result.save:.2f} s, "
+        f"restart {result.restart:.2f} s, restore {result.restore:.2f} s); cold: {result.cold_reason}"
     )
 
 

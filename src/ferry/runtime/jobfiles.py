@@ -126,6 +126,8 @@ class Response(_ResponseBase, total=False):
     url: str
     seconds: float
     error: str
+    pid: int
+    """A warm start's answer (supervisor/warm.py): the warm worker's pid."""
 
 
 MINIMUM = {"pid": 1, "worker_pid": 1, "supervisor_pid": 1, "uid": 0}

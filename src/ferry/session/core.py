@@ -27,7 +27,7 @@ from ferry.runtime.identity import default_job_id
 from ferry.runtime.jobdir import JobDir
 from ferry.runtime.signals import SignalRequests
 from ferry.schedulers import detect as detect_scheduler
-from ferry.session import checkpointer, policy, resume
+from ferry.session import checkpointer, policy, resume, warm
 from ferry.session.reporting import Reporter
 from ferry.session.rngwatch import GeneratorWatch, Look
 from ferry.state.generators import GeneratorState
@@ -65,6 +65,9 @@ class Session(Hooks):
 
     def __init__(self, config: Config | None = None, signals: SignalRequests | None = None) -> None:
         self.config = config or Config.from_env()
+        # A warm worker (docs/jobs.md, "Warm migration") waits here, before it looks at the job
+        # or writes anything of it, until the worker it replaces has handed its state over.
+        self.warm_wait = warm.hold()
         _default_logging()
         self.objects: dict[str, Any] = {}
         self.loaders: dict[str, LoaderTracker] = {}
@@ -120,6 +123,7 @@ class Session(Hooks):
             self._resume = resume.find(self.config.dir, self.checkpointer)
             if self._resume is not None:
                 self.resumed, self.restored_step = True, self._resume.step
+        self._first_step_due = self.resumed  # `ferry migrate` measures its downtime to it
         self.job.update_status("running", step=self.global_step, pid=os.getpid())
         _register_exit(self._atexit)
         self._previous_excepthook = sys.excepthook
@@ -245,6 +249,9 @@ class Session(Hooks):
             return
         if not self._trained:
             self._first_safe_point()
+        elif self._first_step_due and self.global_step > (self.restored_step or 0):
+            self._first_step_due = False
+            self.job.event("first_step", step=self.global_step)
         now = time.monotonic()
         if now >= self._next_poll:
             self._requests.extend(self.inbox.poll())

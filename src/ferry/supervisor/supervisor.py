@@ -22,16 +22,18 @@ from typing import Any
 
 from ferry.config import Config
 from ferry.errors import ConfigError
-from ferry.knobs import LEFTOVER_SECONDS, POLL_SECONDS
+from ferry.knobs import LEFTOVER_SECONDS, POLL_SECONDS, PROCESS_POLL_SECONDS
 from ferry.runtime import handoff
 from ferry.runtime.identity import default_job_id
 from ferry.runtime.jobdir import JobDir, write_json_atomic
 from ferry.runtime.rootlock import RootLock
 from ferry.schedulers import detect as detect_scheduler
+from ferry.supervisor import warm
 from ferry.supervisor.decide import Decision, WorkerExit, decide
 from ferry.supervisor.options import RunOptions, check_command
 from ferry.supervisor.signals import SignalPump
 from ferry.supervisor.stopping import signal_name
+from ferry.supervisor.warm import WarmRequest, WarmWorker
 from ferry.supervisor.worker import WorkerGroup, handoff_dir, user_env, worker_env
 
 log = logging.getLogger("ferry.run")
@@ -61,6 +63,10 @@ class Supervisor:
         self._restart_env: dict[str, str | None] = {}
         self._restart_reason: dict[str, Any] | None = None
         self._down_since = 0.0
+        self.warm: WarmWorker | None = None
+        """A second worker waiting at its restore point to take over (a warm migration)."""
+        self._warm_env: dict[str, str] = {}
+        self._warm_answered = False
 
     # ------------------------------------------------------------------ public
     def run(self) -> int:
@@ -88,6 +94,7 @@ class Supervisor:
                     if code is not None:
                         return code
         finally:
+            self._drop_warm("the supervisor is exiting")
             if self.worker is not None:
                 self.worker.abandon(self.options.grace_seconds or LEFTOVER_SECONDS)
             if self.root_lock is not None:
@@ -143,16 +150,23 @@ class Supervisor:
             self.checkpoint_dir,
         )
 
-    def _start(self) -> WorkerGroup:
-        assert self.job is not None and self.pump is not None
-        env = worker_env(
-            self._user_env(),
+    def _env(self, user: dict[str, str]) -> dict[str, str]:
+        assert self.job is not None
+        return worker_env(
+            user,
             self.options,
             job_id=self.job_id,
             job_dir=self.job.path,
             checkpoint_dir=self.checkpoint_dir,
             handoff_dir=self._handoff_dir if os.path.isdir("/dev/shm") else None,
         )
+
+    def _start(self) -> WorkerGroup:
+        assert self.job is not None and self.pump is not None
+        adopted = self._adopt_warm()
+        if adopted is not None:
+            return adopted
+        env = self._env(self._user_env())
         self.job.update_status(
             "starting",
             worker_pid=None,
@@ -169,18 +183,112 @@ class Supervisor:
             self.job.update_status("failed", error=error, exit_code=ConfigError.exit_code)
             self.job.event("run_end", state="failed", exit_code=ConfigError.exit_code, message=error)
             raise ConfigError(f"{error}; check the command after --") from None
+        self._started(worker, warm=False)
+        log.info("ferry run: worker pid %d started: %s", worker.pid, shlex.join(self.command))
+        return worker
+
+    def _started(self, worker: WorkerGroup, *, warm: bool) -> None:
+        """``worker`` is the job's worker from now on (``warm``: a warm worker taking over)."""
+        assert self.job is not None and self.pump is not None
         pid = worker.pid
         self.pump.new_worker()
         identity = self.job.identity()
         write_json_atomic(self.job.file("job.json"), {**identity, "worker_pid": pid})
         self.job.update_status("starting", worker_pid=pid)
-        self.job.event("worker_start", pid=pid, restarts=self.restarts, failures=self.failures)
+        self.job.event("worker_start", pid=pid, restarts=self.restarts, failures=self.failures, warm=warm)
         if self._restart_reason is not None:
             downtime = time.time() - self._down_since
-            self.job.event("restart", pid=pid, downtime_seconds=downtime, **self._restart_reason)
+            self.job.event("restart", pid=pid, downtime_seconds=downtime, warm=warm, **self._restart_reason)
             self._restart_reason = None
-        log.info("ferry run: worker pid %d started: %s", pid, shlex.join(self.command))
-        return worker
+
+    # ------------------------------------------------------------------ a warm worker
+    def _tend_warm(self, worker: WorkerGroup) -> None:
+        """Take warm requests; answer the pending one once its worker is ready or gone."""
+        assert self.job is not None and self.pump is not None
+        for request in warm.take_requests(self.job):
+            if isinstance(request, WarmRequest):
+                self._start_warm(request, worker)
+            else:
+                warm.answer(self.job, request[0], ok=False, error=request[1])
+        w = self.warm
+        if w is None:
+            return
+        if self.pump.stop_signal is not None:
+            self._drop_warm(f"the job is stopping ({signal_name(self.pump.stop_signal)})")
+        elif time.time() > w.expires:
+            self._drop_warm("it did not take over in time (its `ferry migrate` gave up)")
+        elif not self._warm_answered and w.poll_ready():
+            self._warm_answered = True
+            seconds = (w.ready_at or w.started) - w.started
+            self.job.event("warm_ready", pid=w.pid, seconds=seconds)
+            warm.answer(self.job, w.rid, ok=True, pid=w.pid, seconds=seconds)
+            log.info("ferry run: warm worker pid %d waits at its restore point (%.2f s)", w.pid, seconds)
+        elif (code := w.exited()) is not None:
+            words = w.last_words()
+            why = f"exited with {code}" if code >= 0 else f"was killed by {signal_name(-code)}"
+            self._drop_warm(f"the warm worker (pid {w.pid}) {why}" + (f": {words}" if words else ""))
+
+    def _start_warm(self, request: WarmRequest, worker: WorkerGroup) -> None:
+        assert self.job is not None and self.pump is not None
+        refuse = None
+        if self.warm is not None:
+            refuse = f"a warm worker (pid {self.warm.pid}) is already waiting: one migration at a time"
+        elif self.pump.stop_signal is not None:
+            refuse = "the job is stopping"
+        if refuse is None:
+            env = self._env(user_env(os.environ, self.options, {**self._restart_env, **request.env}))
+            try:
+                self.warm = WarmWorker(
+                    self.command, env, locks=self._lock_fds(), rid=request.id, expires=request.expires
+                )
+            except OSError as exc:
+                refuse = f"cannot start a warm worker: {exc.strerror or exc}"
+        if refuse is not None or self.warm is None:
+            warm.answer(self.job, request.id, ok=False, error=f"{refuse}; the job trains on unchanged")
+            return
+        self._warm_env, self._warm_answered = dict(request.env), False
+        worker.spare = self.warm.pid
+        self.job.event("warm_start", pid=self.warm.pid, env=request.env)
+        log.info("ferry run: warm worker pid %d starting beside worker pid %d", self.warm.pid, worker.pid)
+
+    def _drop_warm(self, why: str) -> None:
+        """Discard the warm worker (it wrote nothing); a pending request is answered with ``why``."""
+        w, self.warm = self.warm, None
+        if w is None or self.job is None:
+            return
+        w.discard()
+        if self.worker is not None:
+            self.worker.spare = None
+        self.job.event("warm_discarded", pid=w.pid, reason=why)
+        if not self._warm_answered:
+            warm.answer(self.job, w.rid, ok=False, error=f"{why}; the job trains on unchanged")
+        log.warning("ferry run: warm worker pid %d discarded: %s", w.pid, why)
+
+    def _adopt_warm(self) -> WorkerGroup | None:
+        """The warm worker takes over, where it waits for this restart; None: start one cold."""
+        w = self.warm
+        if w is None:
+            return None
+        reason = self._restart_reason or {}
+        if reason.get("reason") != "requested" or reason.get("env") != self._warm_env:
+            self._drop_warm("the worker restarted for another reason than the migration")
+            return None
+        if not self._warm_answered or not w.go():
+            self._drop_warm("it was not waiting at its restore point; starting the worker cold")
+            return None
+        self.warm = None
+        assert self.job is not None
+        self.job.update_status(
+            "starting",
+            worker_pid=None,
+            restarts=self.restarts,
+            failures=self.failures,
+            worker_started=time.time(),
+        )
+        self._started(w.group, warm=True)
+        log.info("ferry run: warm worker pid %d takes over", w.pid)
+        self.worker = w.group
+        return w.group
 
     def _lock_fds(self) -> tuple[int, ...]:
         """The job's lock and its checkpoint root's: the worker holds them too, so that they
@@ -204,7 +312,9 @@ class Supervisor:
             returncode = worker.poll()
             if returncode is not None:
                 return returncode
-            self.pump.wait(self.pump.escalate_if_due(worker, POLL_SECONDS))
+            self._tend_warm(worker)
+            poll = PROCESS_POLL_SECONDS if self.warm is not None and not self._warm_answered else POLL_SECONDS
+            self.pump.wait(self.pump.escalate_if_due(worker, poll))
 
     # ------------------------------------------------------------------ after the worker
     def _after_exit(self, worker: WorkerGroup, returncode: int) -> int | None:
@@ -236,6 +346,8 @@ class Supervisor:
         decision = decide(exited, self.options, self.checkpoint_dir)
         for level, note in decision.notes:
             log.log(level, "%s", note)
+        if decision.action != "restart" and self.warm is not None:
+            self._drop_warm(f"worker pid {worker.pid} exited ({returncode}) without handing over")
         if decision.action == "restart":
             self._restart_in_place(decision)
             return None

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from ferry.autotrack import BOOT_DIR
 from ferry.knobs import GROUP_EXIT_SECONDS, LEFTOVER_SECONDS, PROCESS_POLL_SECONDS
 from ferry.runtime.procs import group_members, tagged
+from ferry.runtime.warmstart import ENV as WARM_ENV
 from ferry.supervisor.options import RunOptions
 
 log = logging.getLogger("ferry.run")
@@ -65,6 +66,7 @@ def worker_env(
     supervisor relies on. ``handoff_dir``: host memory for the state across an in-place
     restart (None: there is no tmpfs); FERRY_HANDOFF_DIR in ``user`` wins."""
     env = dict(user)
+    env.pop(WARM_ENV, None)  # only a warm worker gets one, from the supervisor (supervisor/warm.py)
     config = options.worker_config(
         dir=checkpoint_dir, job_id=job_id, job_dir=job_dir, handoff_dir=handoff_dir
     )
@@ -123,19 +125,27 @@ class WorkerGroup:
         *,
         locks: tuple[int, ...] = (),
         pdeathsig: int | None = None,
+        stdout: int | None = None,
+        stderr: int | None = None,
     ) -> None:
-        """Start ``command``; OSError when it cannot be. ``locks``: descriptors of flock'ed
-        files the worker holds too; ``pdeathsig``: the signal it gets if the supervisor dies."""
+        """Start ``command``; OSError when it cannot be. ``locks``: descriptors the worker
+        inherits (flock'ed files it holds too; a warm worker's pipes); ``pdeathsig``: the signal
+        it gets if the supervisor dies; ``stdout``, ``stderr``: other than the supervisor's."""
         self.proc = subprocess.Popen(
             list(command),
             start_new_session=True,
             env=dict(env),
             pass_fds=locks,
             preexec_fn=None if pdeathsig is None else die_with_parent(pdeathsig),
+            stdout=stdout,
+            stderr=stderr,
         )
         self.pid = self.proc.pid
         self.sent: set[int] = set()
         """Signals sent to this worker's group (a death by one of them is ferry's doing)."""
+        self.spare: int | None = None
+        """The process group of a warm worker beside this one (a migration under way): of the
+        job, outside this group, and yet no stray of this worker's, to signal or clear."""
 
     @property
     def returncode(self) -> int | None:
@@ -146,7 +156,7 @@ class WorkerGroup:
 
     def signal(self, signum: int) -> None:
         """Signal the worker's process group, and the job's processes outside it."""
-        strays = _strays(self.pid)
+        strays = _strays(self.pid, self.spare)
         try:
             os.killpg(self.pid, signum)
         except ProcessLookupError:
@@ -175,7 +185,7 @@ class WorkerGroup:
             if not _wait_group_gone(pgid, LEFTOVER_SECONDS):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pgid, signal.SIGKILL)
-        strays = _strays(pgid)
+        strays = _strays(pgid, self.spare)
         if strays:  # e.g. the ranks of a torchrun agent that was killed
             log.warning(
                 "ferry run: %d process(es) of the job outlived the worker outside its group (%s): "
@@ -189,7 +199,7 @@ class WorkerGroup:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(pid, sig)
                 deadline = time.monotonic() + wait
-                while (strays := _strays(pgid)) and time.monotonic() < deadline:
+                while (strays := _strays(pgid, self.spare)) and time.monotonic() < deadline:
                     time.sleep(PROCESS_POLL_SECONDS)
                 if not strays:
                     break
@@ -222,10 +232,21 @@ def _group_members(pgid: int) -> list[int]:
     return group_members(pgid) if os.path.isdir("/proc") else [pgid]
 
 
-def _strays(pgid: int) -> list[int]:
-    """Live processes of this supervisor's job outside the worker's group ``pgid``: every
-    process of the job inherits FERRY_SUPERVISOR_PID from the worker's environment."""
-    return tagged(f"FERRY_SUPERVISOR_PID={os.getpid()}", outside_group=pgid)
+def _strays(pgid: int, spare: int | None = None) -> list[int]:
+    """Live processes of this supervisor's job outside the worker's group ``pgid`` (and the
+    warm worker's group ``spare``): every process of the job inherits FERRY_SUPERVISOR_PID
+    from the worker's environment."""
+    found = tagged(f"FERRY_SUPERVISOR_PID={os.getpid()}", outside_group=pgid)
+    if spare is None:
+        return found
+    return [pid for pid in found if _pgid(pid) != spare]
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
 
 
 def _wait_group_gone(pgid: int, seconds: float) -> bool:
