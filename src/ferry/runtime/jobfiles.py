@@ -111,6 +111,8 @@ class Event(_EventBase, total=False):
     backoff_seconds: float
     state: str
     message: str
+    warm: bool
+    """worker_start, restart: the worker was started beside the old one (a warm migration)."""
 
 
 class _ResponseBase(TypedDict):

@@ -29,7 +29,7 @@ from ferry.runtime.jobdir import JobDir, write_json_atomic
 from ferry.runtime.rootlock import RootLock
 from ferry.schedulers import detect as detect_scheduler
 from ferry.supervisor import warm
-from ferry.supervisor.decide import Decision, WorkerExit, decide
+from ferry.supervisor.decide import Decision, WorkerExit, decide, hand_over_now
 from ferry.supervisor.options import RunOptions, check_command
 from ferry.supervisor.signals import SignalPump
 from ferry.supervisor.stopping import signal_name
@@ -67,6 +67,11 @@ class Supervisor:
         """A second worker waiting at its restore point to take over (a warm migration)."""
         self._warm_env: dict[str, str] = {}
         self._warm_answered = False
+        self._retiring: WorkerGroup | None = None
+        """The worker a warm one took over from, while it exits."""
+        self._groups: set[int] = set()
+        """The process groups of the workers alive at once (a warm migration): none of them is
+        a stray of another (``WorkerGroup.spare``)."""
 
     # ------------------------------------------------------------------ public
     def run(self) -> int:
@@ -86,15 +91,23 @@ class Supervisor:
         try:
             self._begin()
             with self.pump.installed():
+                worker = self._start()
                 while True:
-                    worker = self._start()
                     returncode = self._watch(worker)
+                    if returncode is None:  # it handed over to the warm worker and is exiting
+                        worker = self._take_over(worker)
+                        continue
+                    self._reap_retiring(wait=True)
                     worker.clear()
+                    self._groups.discard(worker.pid)
                     code = self._after_exit(worker, returncode)
                     if code is not None:
                         return code
+                    worker = self._start()
         finally:
             self._drop_warm("the supervisor is exiting")
+            if self._retiring is not None:
+                self._retiring.abandon(self.options.grace_seconds or LEFTOVER_SECONDS)
             if self.worker is not None:
                 self.worker.abandon(self.options.grace_seconds or LEFTOVER_SECONDS)
             if self.root_lock is not None:
@@ -191,6 +204,8 @@ class Supervisor:
         """``worker`` is the job's worker from now on (``warm``: a warm worker taking over)."""
         assert self.job is not None and self.pump is not None
         pid = worker.pid
+        self._groups.add(pid)
+        worker.spare = self._groups
         self.pump.new_worker()
         identity = self.job.identity()
         write_json_atomic(self.job.file("job.json"), {**identity, "worker_pid": pid})
@@ -247,7 +262,8 @@ class Supervisor:
             warm.answer(self.job, request.id, ok=False, error=f"{refuse}; the job trains on unchanged")
             return
         self._warm_env, self._warm_answered = dict(request.env), False
-        worker.spare = self.warm.pid
+        self._groups.add(self.warm.pid)
+        self.warm.group.spare = worker.spare = self._groups
         self.job.event("warm_start", pid=self.warm.pid, env=request.env)
         log.info("ferry run: warm worker pid %d starting beside worker pid %d", self.warm.pid, worker.pid)
 
@@ -257,8 +273,7 @@ class Supervisor:
         if w is None or self.job is None:
             return
         w.discard()
-        if self.worker is not None:
-            self.worker.spare = None
+        self._groups.discard(w.pid)
         self.job.event("warm_discarded", pid=w.pid, reason=why)
         if not self._warm_answered:
             warm.answer(self.job, w.rid, ok=False, error=f"{why}; the job trains on unchanged")
@@ -304,17 +319,99 @@ class Supervisor:
         name = "SIGTERM" if "SIGTERM" in names or not names else names[0]
         return int(getattr(signal, name))
 
-    def _watch(self, worker: WorkerGroup) -> int:
-        """Forward signals until the worker exits; returns its Popen return code."""
+    def _watch(self, worker: WorkerGroup) -> int | None:
+        """Forward signals until the worker exits; returns its Popen return code, or None
+        when it handed its state over to the warm worker (it is exiting)."""
         assert self.pump is not None
         while True:
             self.pump.forward(worker)
+            self._reap_retiring()
             returncode = worker.poll()
             if returncode is not None:
                 return returncode
             self._tend_warm(worker)
-            poll = PROCESS_POLL_SECONDS if self.warm is not None and not self._warm_answered else POLL_SECONDS
-            self.pump.wait(self.pump.escalate_if_due(worker, poll))
+            if self._handed_over():
+                return None
+            busy = self.warm is not None or self._retiring is not None
+            self.pump.wait(self.pump.escalate_if_due(worker, PROCESS_POLL_SECONDS if busy else POLL_SECONDS))
+
+    def _handed_over(self) -> bool:
+        assert self.job is not None and self.pump is not None
+        if self.warm is None or not self._warm_answered:
+            return False
+        status = self.job.status()
+        return hand_over_now(
+            state=status.get("state"),
+            restart=status.get("restart"),
+            updated=float(status.get("updated", 0) or 0),
+            worker_started=float(status.get("worker_started", 0) or 0),
+            warm_env=self._warm_env,
+            warm_ready=True,
+            stopping=self.pump.stop_signal is not None,
+            restarts=self.restarts,
+            max_restarts=self.options.restarts,
+        )
+
+    def _take_over(self, old: WorkerGroup) -> WorkerGroup:
+        """The warm worker takes over from ``old``, which committed its checkpoint for the
+        migration and is exiting; returns the job's worker from now on (``old`` again when
+        the warm one is gone: its exit then restarts the worker cold, as decided then)."""
+        assert self.job is not None and self.warm is not None
+        w = self.warm
+        status = self.job.status()
+        if not w.go():
+            self._drop_warm("it was gone when the old worker handed over; the worker restarts cold")
+            return old
+        self.warm = None
+        self.restarts += 1
+        self._restart_env.update(self._warm_env)
+        self._down_since = float(status.get("updated", time.time()))
+        self._restart_reason = {
+            "reason": "requested",
+            "env": dict(self._warm_env),
+            "step": status.get("step"),
+        }
+        self.job.update_status(
+            "starting",
+            restart=None,  # taken: a later exit must not reuse it
+            worker_pid=None,
+            restarts=self.restarts,
+            failures=self.failures,
+            worker_started=time.time(),
+        )
+        self._started(w.group, warm=True)
+        self._retiring, self.worker = old, w.group
+        log.info("ferry run: warm worker pid %d takes over from worker pid %d", w.pid, old.pid)
+        return w.group
+
+    def _reap_retiring(self, *, wait: bool = False) -> None:
+        """Record the exit of the worker a warm one took over from (``wait``: it must end now,
+        within the grace period: the worker after it ended already)."""
+        old = self._retiring
+        if old is None or self.job is None:
+            return
+        if wait:
+            old.abandon(self.options.grace_seconds or LEFTOVER_SECONDS, quiet=True)
+        returncode = old.poll()
+        if returncode is None:
+            return
+        self._retiring = None
+        old.clear()
+        self._groups.discard(old.pid)
+        self.job.event(
+            "worker_exit",
+            pid=old.pid,
+            returncode=returncode,
+            signal=signal_name(-returncode) if returncode < 0 else None,
+        )
+        if returncode not in (0, self.options.exit_code):
+            log.warning(
+                "ferry run: worker pid %d exited with %d after it handed its state over: the job "
+                "goes on with worker pid %s",
+                old.pid,
+                returncode,
+                self.worker.pid if self.worker is not None else "?",
+            )
 
     # ------------------------------------------------------------------ after the worker
     def _after_exit(self, worker: WorkerGroup, returncode: int) -> int | None:

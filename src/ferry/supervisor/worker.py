@@ -143,9 +143,10 @@ class WorkerGroup:
         self.pid = self.proc.pid
         self.sent: set[int] = set()
         """Signals sent to this worker's group (a death by one of them is ferry's doing)."""
-        self.spare: int | None = None
-        """The process group of a warm worker beside this one (a migration under way): of the
-        job, outside this group, and yet no stray of this worker's, to signal or clear."""
+        self.spare: set[int] = set()
+        """Process groups of the job's other workers (during a warm migration: the warm one, the
+        one it took over from): outside this group, and yet no strays of this worker's, to
+        signal or clear. The supervisor shares one set among its workers."""
 
     @property
     def returncode(self) -> int | None:
@@ -204,10 +205,14 @@ class WorkerGroup:
                 if not strays:
                     break
 
-    def abandon(self, grace: float) -> None:
+    def abandon(self, grace: float, *, quiet: bool = False) -> None:
         """The supervisor is leaving with its worker still running (it failed itself): stop
-        the worker as a scheduler would, rather than leave it orphaned."""
+        the worker as a scheduler would, rather than leave it orphaned. ``quiet``: a worker
+        that is exiting anyway (it handed over to a warm one) gets ``grace`` first."""
         proc = self.proc
+        if quiet:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(grace)
         if proc.poll() is not None:
             return
         log.error("ferry run: the supervisor is exiting early; stopping worker pid %d (SIGTERM)", proc.pid)
@@ -232,14 +237,15 @@ def _group_members(pgid: int) -> list[int]:
     return group_members(pgid) if os.path.isdir("/proc") else [pgid]
 
 
-def _strays(pgid: int, spare: int | None = None) -> list[int]:
-    """Live processes of this supervisor's job outside the worker's group ``pgid`` (and the
-    warm worker's group ``spare``): every process of the job inherits FERRY_SUPERVISOR_PID
+def _strays(pgid: int, spare: set[int] | None = None) -> list[int]:
+    """Live processes of this supervisor's job outside the worker's group ``pgid`` and the
+    other workers' groups ``spare``: every process of the job inherits FERRY_SUPERVISOR_PID
     from the worker's environment."""
     found = tagged(f"FERRY_SUPERVISOR_PID={os.getpid()}", outside_group=pgid)
-    if spare is None:
+    others = (spare or set()) - {pgid}
+    if not others:
         return found
-    return [pid for pid in found if _pgid(pid) != spare]
+    return [pid for pid in found if _pgid(pid) not in others]
 
 
 def _pgid(pid: int) -> int | None:
