@@ -32,7 +32,8 @@ EPOCHS = ("--epochs", "10")
 def command(tmp: Path) -> list[str]:
     return [sys.executable, str(SCRIPTS / "launcher_wrap.py"), "--say", "setup done",
             "--hold-warm", str(tmp / "hold-warm"), "--record-env", f"CUDA_VISIBLE_DEVICES={tmp / 'seen'}",
-            "--out", str(tmp / "run"), *EPOCHS, "--sleep", "0.2", "--sleep-while", str(tmp / "slow")]  # fmt: skip
+            "--out", str(tmp / "run"), *EPOCHS, "--sleep", "0.2",
+            "--sleep-while", str(tmp / "slow")]  # fmt: skip
 
 
 def events(path: Path, kind: str, since: float = 0.0) -> list[dict[str, object]]:
@@ -48,10 +49,13 @@ def warm_started(path: Path, since: float, proc: subprocess.Popen[str]) -> int:
 
 def migrate_in_background(home: Path, to: str) -> subprocess.Popen[str]:
     argv = [*FERRY, "migrate", "w", "--to", to, "--unchecked-devices", "--timeout", "60"]
-    return subprocess.Popen(argv, env=env_for(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pipe = subprocess.PIPE
+    return subprocess.Popen(argv, env=env_for(home), stdout=pipe, stderr=pipe, text=True)
 
 
-def test_warm_migrations_kill_and_stop_during_the_overlap_bitwise(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:  # fmt: skip
+def test_warm_moves_then_a_kill_and_a_stop_during_the_overlap_bitwise(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     reference = reference_run(tmp_path_factory, args=EPOCHS)
     home, path = tmp_path / "home", tmp_path / "home" / "jobs" / "w"
     (tmp_path / "slow").touch()  # training steps take 0.2 s until the test is done with the job

@@ -43,6 +43,9 @@ def draw(tl: Timeline) -> Figure:
     for span in tl.startups:
         ax.axvspan(span["start"] - t0, span["end"] - t0, color=COLORS["startup"], alpha=0.3, lw=0,
                    label=label("worker start-up (start, imports, restore)", seen))  # fmt: skip
+    for span in tl.overlaps:
+        ax.axvspan(span["start"] - t0, span["end"] - t0, color=COLORS["overlap"], alpha=0.25, lw=0,
+                   hatch="..", label=label("warm worker start-up, beside training", seen))  # fmt: skip
     for span in tl.lost:
         ax.axvspan(span["start"] - t0, span["end"] - t0, color=COLORS["failure"], alpha=0.25, lw=0,
                    hatch="//", label=label("work lost (recomputed)", seen))  # fmt: skip

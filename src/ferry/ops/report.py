@@ -29,6 +29,7 @@ COLORS: dict[str, str] = {
     "failure": "#d62728",
     "migration": "#9467bd",
     "startup": "#bcbd22",
+    "overlap": "#17becf",
 }
 
 
@@ -69,6 +70,9 @@ class Timeline:
     """From a worker's start to its first known step: process start, imports and restore."""
     lost: list[Span] = field(default_factory=list)
     """From the last checkpoint to a failure: work done twice."""
+    overlaps: list[Span] = field(default_factory=list)
+    """A warm migration's target worker starting up while the old one trained: from its start
+    to its take-over (or its end, when it was discarded)."""
     start: float = 0.0
     end: float = 1.0
 
@@ -106,6 +110,8 @@ def build(
     started: float | None = None  # the worker's start, while it has not trained yet
     restored: float | None = None  # its restore, when it resumed
     last_ckpt: float | None = None
+    pid: object = None  # the current worker's
+    warming: dict[object, float] = {}  # warm workers started and not yet taken over: pid -> start
 
     def trained(end: float | None) -> None:
         """The start-up of the worker ends at ``end``; None: unknown (an older worker that
@@ -120,7 +126,14 @@ def build(
 
     for e in sorted(events, key=lambda e: e["time"]):
         t, kind, step = e["time"], e["event"], e.get("step")
+        if kind == "warm_start":
+            warming[e.get("pid")] = t
+        if kind in ("warm_discarded", "worker_start") and e.get("pid") in warming:
+            tl.overlaps.append({"start": warming.pop(e.get("pid")), "end": t})
+        if kind == "worker_exit" and e.get("pid") != pid and pid is not None:
+            kind = "retired"  # the worker a warm one took over from: the current one lives on
         if kind in ("run_start", "worker_start"):
+            pid = e.get("pid")
             trained(restored)
             if current:
                 tl.segments.append(current)
@@ -164,12 +177,19 @@ def build(
             )
         elif kind == "restart" and e.get("reason") == "requested":
             env = " ".join(f"{k}={v}" for k, v in e.get("env", {}).items())
+            what, who = (
+                ("warm hand-over", "the warm worker took over")
+                if e.get("warm")
+                else (
+                    "restarted in place",
+                    "the new worker started",
+                )
+            )
             tl.marks.append(
                 {
                     "kind": "migration",
                     "time": t,
-                    "text": f"restarted in place {env} "
-                    f"(down {e.get('downtime_seconds', 0.0):.2f} s until the new worker started)",
+                    "text": f"{what} {env} (down {e.get('downtime_seconds', 0.0):.2f} s until {who})",
                 }
             )
     if started is not None and restored is None and status.get("state") == "starting":
@@ -214,6 +234,7 @@ def page(tl: Timeline, status: Status, figure_svg: str) -> str:
     saves = [c["seconds"] for c in tl.checkpoints]
     mean = f"{sum(saves) / len(saves):.3f} s" if saves else "-"
     startup = sum(s["end"] - s["start"] for s in tl.startups)
+    overlap = sum(s["end"] - s["start"] for s in tl.overlaps)
     count = {k: sum(m["kind"] == k for m in tl.marks) for k in ("failure", "stop", "migration")}
     deleted = sum(c["deleted"] for c in tl.checkpoints)
     return f"""<!doctype html>
@@ -224,7 +245,8 @@ def page(tl: Timeline, status: Status, figure_svg: str) -> str:
 <p>state <b>{esc(str(status.get("state")))}</b> at step {status.get("step")}; wall time
 {tl.end - tl.start:.1f} s; {len(tl.checkpoints)} checkpoints (mean save {mean}; {deleted} since
 deleted by retention); {count["failure"]} failures, {count["stop"]} stops, {count["migration"]}
-migrations; worker start-up {startup:.1f} s; work lost and recomputed: {tl.lost_seconds:.1f} s
+migrations; worker start-up {startup:.1f} s (and {overlap:.1f} s of warm workers' start-up
+while the job trained); work lost and recomputed: {tl.lost_seconds:.1f} s
 of wall time.</p>
 {figure_svg}
 <h2>Events</h2><ul>{marks or "<li>no interruption</li>"}</ul>
