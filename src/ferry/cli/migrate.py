@@ -68,9 +68,10 @@ def migrate_cmd(
     or where the preflight finds too little host or GPU memory for a second copy, or a
     multi-rank job): the old worker checkpoints and exits, then the new one starts.
 
-    Returns once the new worker resumed at the saved step and took a step, and prints the
+    Returns once the new worker resumed at the saved step and took two steps, and prints the
     downtime: warm, drain (to the next safe point), hand-over (save included), restore and
-    first step; cold, drain, save, restart, restore. The job must run under
+    the first step's warm-up (beyond the second step's length); cold, drain, save, restart,
+    restore. The job must run under
     `ferry run --restarts N`.
     """
     result = ops.migrate(

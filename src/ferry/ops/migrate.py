@@ -63,7 +63,8 @@ class Migration:
     restore: float
     """The new worker's restore, its load included."""
     first_step: float | None = None
-    """From the restore's end to the new worker's first step done (None: none came)."""
+    """How much longer the new worker's first step took than its second: its warm-up (caches,
+    lazy initialization, CUDA kernels); the steps themselves train (None: no two steps came)."""
     warm: bool = False
     """The target worker was started beside the old one (docs/jobs.md, "Warm migration")."""
     handover: float = 0.0
@@ -178,7 +179,7 @@ def migrate(
         save=save,
         restart=max(0.0, resume["time"] - restore - committed),
         restore=restore,
-        first_step=None if first is None else max(0.0, first["time"] - resume["time"]),
+        first_step=warmmove.first_step(first),
         cold_reason=reason,
     )
 
@@ -208,7 +209,7 @@ def _migrate_warm(
         save=save,
         restart=0.0 if went_warm else max(0.0, resume["time"] - restore - committed),
         restore=restore,
-        first_step=None if first is None else max(0.0, first["time"] - resume["time"]),
+        first_step=warmmove.first_step(first),
         warm=went_warm,
         handover=max(0.0, resume["time"] - restore - save_start) if went_warm else 0.0,
         warm_startup=startup,

@@ -96,6 +96,13 @@ def _gpu(pid: int | None, target: str) -> tuple[int, dict[str, int]]:
     return used, free
 
 
+def first_step(event: Event | None) -> float | None:
+    """The first step's warm-up, from a ``first_step`` event: its length beyond the second's."""
+    if event is None:
+        return None
+    return max(0.0, float(event.get("seconds", 0.0)) - float(event.get("next_seconds", 0.0)))
+
+
 def _events(record: JobRecord, since: float, kind: str, pid: int | None = None) -> list[Event]:
     return [
         e

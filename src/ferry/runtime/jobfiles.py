@@ -113,6 +113,8 @@ class Event(_EventBase, total=False):
     message: str
     warm: bool
     """worker_start, restart: the worker was started beside the old one (a warm migration)."""
+    next_seconds: float
+    """first_step: the length of the second step after a resume (``seconds``: the first's)."""
 
 
 class _ResponseBase(TypedDict):

@@ -123,7 +123,9 @@ class Session(Hooks):
             self._resume = resume.find(self.config.dir, self.checkpointer)
             if self._resume is not None:
                 self.resumed, self.restored_step = True, self._resume.step
-        self._first_step_due = self.resumed  # `ferry migrate` measures its downtime to it
+        self._first_steps: list[float] | None = [] if self.resumed else None
+        """After a resume: when the first safe points were passed (``ferry migrate`` takes the
+        first step's warm-up, beyond the second's length, as part of the downtime)."""
         self.job.update_status("running", step=self.global_step, pid=os.getpid())
         _register_exit(self._atexit)
         self._previous_excepthook = sys.excepthook
@@ -249,9 +251,8 @@ class Session(Hooks):
             return
         if not self._trained:
             self._first_safe_point()
-        elif self._first_step_due and self.global_step > (self.restored_step or 0):
-            self._first_step_due = False
-            self.job.event("first_step", step=self.global_step)
+        if self._first_steps is not None:
+            self._time_first_steps()
         now = time.monotonic()
         if now >= self._next_poll:
             self._requests.extend(self.inbox.poll())
@@ -292,6 +293,16 @@ class Session(Hooks):
         if self.uncaptured is not None:
             self._generators = GeneratorWatch(self.uncaptured, self.config.ignore_generators)
             self._generators.start()
+
+    def _time_first_steps(self) -> None:
+        """At the third safe point after a resume: the ``first_step`` event, with the lengths
+        of the first two steps."""
+        assert self._first_steps is not None
+        self._first_steps.append(time.monotonic())
+        if len(self._first_steps) == 3:
+            a, b, c = self._first_steps
+            self._first_steps = None
+            self.job.event("first_step", step=self.global_step, seconds=b - a, next_seconds=c - b)
 
     def _check_generators(self) -> None:
         if self._generators is not None:
