@@ -2,8 +2,10 @@
 a row (periodic saves running, every 3 steps), then a warm worker SIGKILLed during the
 overlap (the migration fails in one line, the old worker trains on), then the job stopped
 during the overlap (the warm worker is discarded, the old one checkpoints and stops), then
-the job resumed to its end: bitwise equal to the uninterrupted run. The warm workers'
-setup line is printed only by those that took over, after the take-over."""
+the job moved to a second job folder with `ferry resume --warm` (its worker waits at its
+restore point until `ferry export` wrote the bundle) and run to its end: bitwise equal to
+the uninterrupted run. The warm workers' setup line is printed only by those that took
+over, after the take-over."""
 
 from __future__ import annotations
 
@@ -112,11 +114,31 @@ def test_warm_moves_then_a_kill_and_a_stop_during_the_overlap_bitwise(
     assert out.split("\n").count("setup done") == 3
     assert (tmp_path / "seen").read_text().split() == ["0", "1", "0"]
 
-    # resume the stopped job to its end
+    # the job moves to another node (a second job folder here): `ferry resume --warm` starts its
+    # worker before the bundle exists; `ferry export` writes it; the worker takes over
     (tmp_path / "slow").unlink()
     (tmp_path / "hold-warm").unlink()
-    again = start(home, "w", tmp_path / "ck", command(tmp_path), "--restarts", "3", "--every-steps", "3",
-                  "--env", "CUDA_VISIBLE_DEVICES=0")  # fmt: skip
-    _, err = again.communicate(timeout=120)
-    assert again.returncode == 0, err
+    bundle, path_b = tmp_path / "bundle", home / "jobs" / "w2"
+    node_b = subprocess.Popen(
+        [*FERRY, "resume", "--warm", str(bundle), "--job-id", "w2", "--dir", str(tmp_path / "ck2"),
+         "--gpus", "1", "--no-autotrack", "--", *command(tmp_path)],
+        env=env_for(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        wait_for(
+            "the new node's worker to wait at its restore point", lambda: events(path_b, "warm_ready"), node_b
+        )
+        assert status(path_b)["state"] == "starting" and not list((tmp_path / "ck2").glob("step-*"))
+        exported = ferry(home, "export", "w", str(bundle), "--timeout", "60")
+        assert exported.exit_code == 0, exported.output
+        out, err = node_b.communicate(timeout=120)
+        assert node_b.returncode == 0, err
+        assert "took over at step" in err and "downtime" in err and "Traceback" not in err
+        assert out.split("\n").count("setup done") == 1
+        assert [e["step"] for e in events(path_b, "resume")] == [stop["step"]]
+        assert (tmp_path / "seen").read_text().split() == ["0", "1", "0", "1"]
+    finally:
+        if node_b.poll() is None:  # a failed test leaves no supervisor waiting for a bundle
+            node_b.kill()
+            node_b.communicate()
     assert_same(reference, tmp_path / "run")

@@ -12,11 +12,15 @@ from ferry.cli.complete import complete_job
 from ferry.cli.jobs import EPILOG
 from ferry.cli.output import emit_json, json_option
 from ferry.cli.params import POSITIVE_SECONDS, SECONDS, check_timeout
+from ferry.errors import ConfigError
 from ferry.knobs import GRACE_SECONDS, REQUEST_TIMEOUT_SECONDS
+from ferry.ops import devices
 from ferry.ops import migrate as ops
 from ferry.ops.jobs import find_job
+from ferry.ops.warmresume import BundleGate
 from ferry.runtime.identity import default_job_id
 from ferry.supervisor import RunOptions, Supervisor
+from ferry.supervisor.options import check_command
 
 
 def _progress(as_json: bool) -> ops.Progress:
@@ -141,6 +145,16 @@ def export_cmd(job: str, dest_url: str, timeout: float, as_json: bool) -> None:
 @click.option(
     "--grace", type=SECONDS, default=GRACE_SECONDS, show_default=True, metavar="S", help="As for ferry run."
 )
+@click.option(
+    "--warm",
+    is_flag=True,
+    help="Start the worker now, before the bundle exists; it takes over once `ferry export` wrote it.",
+)
+@click.option(
+    "--no-autotrack",
+    is_flag=True,
+    help="Explicit mode (as for ferry run); default: the bundle's mode, else zero-code.",
+)
 @json_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -152,6 +166,8 @@ def resume_cmd(
     checkpoint_dir: str | None,
     restarts: int,
     grace: float,
+    warm: bool,
+    no_autotrack: bool,
     as_json: bool,
     command: tuple[str, ...],
 ) -> None:
@@ -159,11 +175,22 @@ def resume_cmd(
 
     Runs it under ferry run's supervisor, in the foreground, with the bundle's command,
     working directory and environment unless given; exit codes as for ferry run.
+
+    With --warm, SOURCE is where `ferry export` on the job's node will write the bundle:
+    the worker (COMMAND, required, with this shell's environment and working directory)
+    starts now and waits at its restore point; once the bundle is there and holds the same
+    command, its checkpoint is copied here and the worker takes over, and the downtime of
+    the move is printed.
     """
     job_id = job_id or default_job_id()
     target = checkpoint_dir or os.path.join("ferry-checkpoints", job_id)
     target = target if "://" in target else os.path.abspath(target)
-    argv, env, cwd, autotrack = ops.prepare_resume(source, target, list(command), gpus, _progress(as_json))
+    progress = _progress(as_json)
+    if warm and ops.load_bundle(source) is None:
+        _resume_warm(ctx, source, gpus, job_id, target, restarts, grace, no_autotrack, list(command), as_json)
+        return
+    argv, env, cwd, autotrack = ops.prepare_resume(source, target, list(command), gpus, progress)
+    autotrack = autotrack and not no_autotrack
     if cwd is not None:
         os.chdir(cwd)
     again = ops.resume_command(
@@ -187,6 +214,58 @@ def resume_cmd(
     code = Supervisor(argv, options).run()
     if as_json:
         emit_json({"job": job_id, "dir": target, "command": argv, "env": env, "exit_code": code})
+    ctx.exit(code)
+
+
+def _resume_warm(
+    ctx: click.Context,
+    source: str,
+    gpus: str | None,
+    job_id: str,
+    target: str,
+    restarts: int,
+    grace: float,
+    no_autotrack: bool,
+    command: list[str],
+    as_json: bool,
+) -> None:
+    progress = _progress(as_json)
+    if not command:
+        raise ConfigError(
+            f"there is no bundle at {source} yet: `ferry resume --warm` starts the worker before it "
+            "exists, so give its command after --"
+        )
+    check_command(command, os.environ.get("PATH"))
+    env: dict[str, str] = {}
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"], warning = devices.check(gpus)
+        if warning:
+            progress(f"warning: {warning}")
+    again = ops.resume_command(
+        job_id=job_id,
+        checkpoint_dir=target,
+        command=command,
+        env=env,
+        cwd=os.getcwd(),
+        autotrack=not no_autotrack,
+        restarts=restarts,
+    )
+    options = RunOptions(
+        dir=target,
+        job_id=job_id,
+        env=env,
+        autotrack=not no_autotrack,
+        restarts=restarts,
+        grace_seconds=None if grace == 0 else grace,
+        resume_command=again,
+    )
+    gate = BundleGate(source, target, command, progress)
+    code = Supervisor(command, options, gate=gate).run()
+    if as_json:
+        move = None if gate.move is None else {**gate.move.__dict__, "downtime": gate.move.downtime}
+        emit_json(
+            {"job": job_id, "dir": target, "command": command, "env": env, "exit_code": code, "move": move}
+        )
     ctx.exit(code)
 
 

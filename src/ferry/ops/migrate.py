@@ -107,6 +107,11 @@ class Bundle(_BundleBase, total=False):
     host: str | None
     exporter: dict[str, str]
     created: float
+    stop_requested: float
+    """When ``export`` asked the running job to stop (absent: it was not running)."""
+    committed: float
+    """When the stop's checkpoint committed; ``save_seconds``: how long its save took."""
+    save_seconds: float
 
 
 def migrate(
@@ -276,17 +281,16 @@ def export(record: JobRecord, dest_url: str, timeout: float, progress: Progress)
     pid = record.worker_pid
     env = (process_env(pid) if pid and record.alive else None) or {}
     exe = _exe(pid) if record.alive and pid else None
+    stopped: dict[str, float] = {}
     if record.alive:
+        stopped["stop_requested"] = time.time()
         rid = send(record, "stop")
         progress(f"job {record.id}: checkpointing and stopping at its next safe point")
         answer = wait_answer(record, rid, timeout, progress)
         url = str(answer["url"])
-        progress(f"job {record.id}: checkpoint of step {answer['step']} committed; waiting for it to exit")
-        deadline = time.monotonic() + timeout
-        while record.refresh().alive:
-            if time.monotonic() > deadline:
-                raise JobError(f"job {record.id} did not exit within {timeout:g} s of its checkpoint")
-            time.sleep(PROCESS_POLL_SECONDS)
+        stopped["committed"] = float(answer.get("time", time.time()))
+        stopped["save_seconds"] = float(answer.get("seconds", 0.0))
+        progress(f"job {record.id}: checkpoint of step {answer['step']} committed; copying it")
     else:
         root = record.identity.get("checkpoint_dir")
         if not root:
@@ -316,7 +320,23 @@ def export(record: JobRecord, dest_url: str, timeout: float, progress: Progress)
         "exporter": {"python": platform.python_version(), "host": platform.node()},
         "created": time.time(),
     }
+    if stopped:
+        bundle["stop_requested"] = stopped["stop_requested"]
+        bundle["committed"] = stopped["committed"]
+        bundle["save_seconds"] = stopped["save_seconds"]
+    # The bundle is whole once its checkpoint is: the job trains no further after the commit of
+    # its stop, so a `ferry resume --warm` waiting for it starts while the job still exits.
     dest.write_bytes(BUNDLE, json.dumps(bundle, indent=1, sort_keys=True).encode())
+    if stopped:
+        progress(f"job {record.id}: bundle written; waiting for the job to exit")
+        deadline = time.monotonic() + timeout
+        while record.refresh().alive:
+            if time.monotonic() > deadline:
+                raise JobError(
+                    f"job {record.id} did not exit within {timeout:g} s of its checkpoint (the bundle at "
+                    f"{dest.url} is complete)"
+                )
+            time.sleep(PROCESS_POLL_SECONDS)
     return {**bundle, "url": dest.url}
 
 

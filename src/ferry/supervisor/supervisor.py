@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import shlex
 import signal
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ferry.config import Config
-from ferry.errors import ConfigError
+from ferry.errors import ConfigError, JobError
 from ferry.knobs import LEFTOVER_SECONDS, POLL_SECONDS, PROCESS_POLL_SECONDS
 from ferry.runtime import handoff
 from ferry.runtime.identity import default_job_id
@@ -33,7 +34,7 @@ from ferry.supervisor.decide import Decision, WorkerExit, decide, hand_over_now
 from ferry.supervisor.options import RunOptions, check_command
 from ferry.supervisor.signals import SignalPump
 from ferry.supervisor.stopping import signal_name
-from ferry.supervisor.warm import WarmRequest, WarmWorker
+from ferry.supervisor.warm import WarmGate, WarmRequest, WarmWorker
 from ferry.supervisor.worker import WorkerGroup, handoff_dir, user_env, worker_env
 
 log = logging.getLogger("ferry.run")
@@ -42,9 +43,14 @@ log = logging.getLogger("ferry.run")
 class Supervisor:
     """Runs one job's worker to its end; ``run()`` returns the exit status for the shell."""
 
-    def __init__(self, command: Sequence[str], options: RunOptions | None = None) -> None:
+    def __init__(
+        self, command: Sequence[str], options: RunOptions | None = None, *, gate: WarmGate | None = None
+    ) -> None:
+        """``gate``: the first worker starts warm and waits at its restore point for what the
+        gate waits for (``ferry resume --warm``)."""
         self.command = list(command)
         self.options = options or RunOptions()
+        self.gate = gate
         # The batch system running us (docs/schedulers.md) names the job, so that its restarts
         # resume it, and may dictate the checkpoint exit code (HTCondor's job ad).
         self.scheduler = detect_scheduler()
@@ -91,7 +97,10 @@ class Supervisor:
         try:
             self._begin()
             with self.pump.installed():
-                worker = self._start()
+                first = self._start() if self.gate is None else self._start_gated()
+                if isinstance(first, int):
+                    return first
+                worker = first
                 while True:
                     returncode = self._watch(worker)
                     if returncode is None:  # it handed over to the warm worker and is exiting
@@ -305,6 +314,53 @@ class Supervisor:
         self.worker = w.group
         return w.group
 
+    def _start_gated(self) -> WorkerGroup | int:
+        """The first worker, started warm: released once the gate has the state in place;
+        the exit status instead when the run ends before that."""
+        assert self.job is not None and self.pump is not None and self.gate is not None
+        self.job.update_status("starting", worker_pid=None, worker_started=time.time())
+        try:
+            w = self.warm = WarmWorker(
+                self.command, self._env(self._user_env()), locks=self._lock_fds(), rid="", expires=math.inf
+            )
+        except OSError as exc:
+            error = f"cannot run {self.command[0]!r}: {exc.strerror or exc}"
+            return self._end("failed", ConfigError.exit_code, f"{error}; check the command after --")
+        self._warm_env, self._warm_answered = {}, True  # nobody waits for an answer
+        self._groups.add(w.pid)
+        w.group.spare = self._groups
+        self.job.event("warm_start", pid=w.pid, env={})
+        ready = False
+        while True:
+            self.pump.forward(None)
+            failed = None
+            if self.pump.stop_signal is not None:
+                failed = f"stopped by {signal_name(self.pump.stop_signal)} before the state arrived"
+            elif (code := w.exited()) is not None:
+                words = w.last_words()
+                failed = f"the warm worker (pid {w.pid}) exited with {code} before it took over" + (
+                    f": {words}" if words else ""
+                )
+            elif not ready and w.poll_ready():
+                ready = True
+                seconds = (w.ready_at or w.started) - w.started
+                self.job.event("warm_ready", pid=w.pid, seconds=seconds)
+                self.gate.ready(w.pid, seconds)
+            elif ready:
+                failed = self.gate.poll()
+                if failed == "":
+                    if w.go():
+                        self.warm = None
+                        self.job.update_status("starting", worker_started=time.time())
+                        self._started(w.group, warm=True)
+                        self.worker = w.group
+                        return w.group
+                    failed = f"the warm worker (pid {w.pid}) was gone when the state arrived"
+            if failed is not None:
+                self._drop_warm(failed)
+                return self._end("failed", JobError.exit_code, f"{failed}; nothing of the job ran here")
+            self.pump.wait(PROCESS_POLL_SECONDS)
+
     def _lock_fds(self) -> tuple[int, ...]:
         """The job's lock and its checkpoint root's: the worker holds them too, so that they
         stay held while it lives, whatever happens to the supervisor."""
@@ -332,6 +388,8 @@ class Supervisor:
             self._tend_warm(worker)
             if self._handed_over():
                 return None
+            if self.gate is not None and self.job is not None and self.gate.settled(self.job):
+                self.gate = None
             busy = self.warm is not None or self._retiring is not None
             self.pump.wait(self.pump.escalate_if_due(worker, PROCESS_POLL_SECONDS if busy else POLL_SECONDS))
 

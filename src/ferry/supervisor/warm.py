@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from ferry.errors import JobError
 from ferry.runtime.control import MAX_REQUEST_BYTES, ControlInbox
@@ -88,6 +89,23 @@ def take_requests(job: JobDir) -> list[WarmRequest | tuple[str, str]]:
         with contextlib.suppress(OSError):
             os.unlink(entry.path)
     return out
+
+
+class WarmGate(Protocol):
+    """What a job's first worker waits for when it starts warm (``ferry resume --warm``: the
+    state is still on another node). The supervisor starts the worker warm, then calls:
+
+    1. ``ready(pid, seconds)`` once, when the worker waits at its restore point;
+    2. ``poll()`` every 50 ms until it answers: None to wait on, "" when the state is in place
+       (the worker is released), or why the job cannot start (the worker is discarded and
+       the run ends failed with that message);
+    3. ``settled(job)`` at each of its wake-ups after the release, until it returns True
+       (it reports the move's downtime once the worker trained its first steps).
+    """
+
+    def ready(self, pid: int, seconds: float) -> None: ...
+    def poll(self) -> str | None: ...
+    def settled(self, job: JobDir) -> bool: ...
 
 
 def answer(job: JobDir, rid: str, *, ok: bool, **fields: object) -> None:
