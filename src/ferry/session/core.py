@@ -67,8 +67,10 @@ class Session(Hooks):
         self.config = config or Config.from_env()
         # A warm worker (docs/jobs.md, "Warm migration") waits here, before it looks at the job
         # or writes anything of it, until the worker it replaces has handed its state over.
-        self.warm_wait = warm.hold()
+        warm_wait = warm.hold()
         _default_logging()
+        if warm_wait is not None:
+            log.info("ferry: taking over, after %.1f s at the restore point (a warm migration)", warm_wait)
         self.objects: dict[str, Any] = {}
         self.loaders: dict[str, LoaderTracker] = {}
         self.driver: LoaderTracker | None = None
