@@ -5,6 +5,8 @@ and how the report draws the overlap (``ops.report.build``)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,8 +14,10 @@ import pytest
 from ferry.errors import ConfigError
 from ferry.ops import report
 from ferry.ops.warmcheck import WarmFacts, cold_reason
+from ferry.runtime.jobdir import JobDir
 from ferry.runtime.jobfiles import Event
 from ferry.runtime.warmstart import WarmFds, parse
+from ferry.supervisor import warm
 from ferry.supervisor.decide import hand_over_now
 
 GPU1 = {"CUDA_VISIBLE_DEVICES": "1"}
@@ -108,3 +112,20 @@ def test_the_report_draws_the_overlap_and_the_take_over() -> None:
     assert tl.startups == [{"start": 0.1, "end": 2.0}, {"start": 9.1, "end": 9.2}]
     assert [m["kind"] for m in tl.marks] == ["stop", "migration"]
     assert "warm hand-over CUDA_VISIBLE_DEVICES=1" in tl.marks[1]["text"]
+
+
+def test_warm_requests_are_taken_once_and_malformed_ones_refused(tmp_path: Path) -> None:
+    job = JobDir.create("j", str(tmp_path / "j"))
+    rid = warm.submit(job, GPU1, expires=60.0)
+    bad = {"garbled": b"{not json", "no-env": b'{"expires": 5}', "no-expiry": b'{"env": {}}',
+           "inf": b'{"env": {}, "expires": 1e999}',
+           "number-env": b'{"env": {"A": 1}, "expires": 5}'}  # fmt: skip
+    for name, raw in bad.items():
+        (Path(job.control) / f"warm-{name}.json").write_bytes(raw)
+    os.symlink(tmp_path, Path(job.control) / "warm-link.json")
+    taken = warm.take_requests(job)
+    good = [r for r in taken if isinstance(r, warm.WarmRequest)]
+    refused = {r[0]: r[1] for r in taken if isinstance(r, tuple)}
+    assert good == [warm.WarmRequest(rid, GPU1, 60.0)]
+    assert set(refused) == {*bad, "link"} and all("refused" in why for why in refused.values())
+    assert warm.take_requests(job) == [] and not list(Path(job.control).glob("warm-*"))
