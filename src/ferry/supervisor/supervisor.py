@@ -29,12 +29,12 @@ from ferry.runtime.identity import default_job_id
 from ferry.runtime.jobdir import JobDir, write_json_atomic
 from ferry.runtime.rootlock import RootLock
 from ferry.schedulers import detect as detect_scheduler
-from ferry.supervisor import warm
-from ferry.supervisor.decide import Decision, WorkerExit, decide, hand_over_now
+from ferry.supervisor.decide import Decision, WorkerExit, decide
 from ferry.supervisor.options import RunOptions, check_command
 from ferry.supervisor.signals import SignalPump
 from ferry.supervisor.stopping import signal_name
 from ferry.supervisor.warm import WarmGate, WarmRequest, WarmWorker
+from ferry.supervisor.warmslot import WarmSlot
 from ferry.supervisor.worker import WorkerGroup, handoff_dir, user_env, worker_env
 
 log = logging.getLogger("ferry.run")
@@ -69,15 +69,10 @@ class Supervisor:
         self._restart_env: dict[str, str | None] = {}
         self._restart_reason: dict[str, Any] | None = None
         self._down_since = 0.0
-        self.warm: WarmWorker | None = None
-        """A second worker waiting at its restore point to take over (a warm migration)."""
-        self._warm_env: dict[str, str] = {}
-        self._warm_answered = False
+        self.warm: WarmSlot | None = None
+        """The warm worker of a migration, if any (made with the job directory)."""
         self._retiring: WorkerGroup | None = None
         """The worker a warm one took over from, while it exits."""
-        self._groups: set[int] = set()
-        """The process groups of the workers alive at once (a warm migration): none of them is
-        a stray of another (``WorkerGroup.spare``)."""
 
     # ------------------------------------------------------------------ public
     def run(self) -> int:
@@ -94,6 +89,7 @@ class Supervisor:
             self.job.release_lock()
             raise
         self.pump = SignalPump(self.options.stop_signals, self.options.grace_seconds, self.job)
+        self.warm = WarmSlot(self.job)
         try:
             self._begin()
             with self.pump.installed():
@@ -108,13 +104,13 @@ class Supervisor:
                         continue
                     self._reap_retiring(wait=True)
                     worker.clear()
-                    self._groups.discard(worker.pid)
+                    self.warm.groups.discard(worker.pid)
                     code = self._after_exit(worker, returncode)
                     if code is not None:
                         return code
                     worker = self._start()
         finally:
-            self._drop_warm("the supervisor is exiting")
+            self.warm.drop("the supervisor is exiting")
             if self._retiring is not None:
                 self._retiring.abandon(self.options.grace_seconds or LEFTOVER_SECONDS)
             if self.worker is not None:
@@ -212,9 +208,10 @@ class Supervisor:
     def _started(self, worker: WorkerGroup, *, warm: bool) -> None:
         """``worker`` is the job's worker from now on (``warm``: a warm worker taking over)."""
         assert self.job is not None and self.pump is not None
+        assert self.warm is not None
         pid = worker.pid
-        self._groups.add(pid)
-        worker.spare = self._groups
+        self.warm.groups.add(pid)
+        worker.spare = self.warm.groups
         self.pump.new_worker()
         identity = self.job.identity()
         write_json_atomic(self.job.file("job.json"), {**identity, "worker_pid": pid})
@@ -226,82 +223,24 @@ class Supervisor:
             self._restart_reason = None
 
     # ------------------------------------------------------------------ a warm worker
-    def _tend_warm(self, worker: WorkerGroup) -> None:
-        """Take warm requests; answer the pending one once its worker is ready or gone."""
-        assert self.job is not None and self.pump is not None
-        for request in warm.take_requests(self.job):
-            if isinstance(request, WarmRequest):
-                self._start_warm(request, worker)
-            else:
-                warm.answer(self.job, request[0], ok=False, error=request[1])
-        w = self.warm
-        if w is None:
-            return
-        if self.pump.stop_signal is not None:
-            self._drop_warm(f"the job is stopping ({signal_name(self.pump.stop_signal)})")
-        elif time.time() > w.expires:
-            self._drop_warm("it did not take over in time (its `ferry migrate` gave up)")
-        elif not self._warm_answered and w.poll_ready():
-            self._warm_answered = True
-            seconds = (w.ready_at or w.started) - w.started
-            self.job.event("warm_ready", pid=w.pid, seconds=seconds)
-            warm.answer(self.job, w.rid, ok=True, pid=w.pid, seconds=seconds)
-            log.info("ferry run: warm worker pid %d waits at its restore point (%.2f s)", w.pid, seconds)
-        elif (code := w.exited()) is not None:
-            words = w.last_words()
-            why = f"exited with {code}" if code >= 0 else f"was killed by {signal_name(-code)}"
-            self._drop_warm(f"the warm worker (pid {w.pid}) {why}" + (f": {words}" if words else ""))
-
-    def _start_warm(self, request: WarmRequest, worker: WorkerGroup) -> None:
-        assert self.job is not None and self.pump is not None
-        refuse = None
-        if self.warm is not None:
-            refuse = f"a warm worker (pid {self.warm.pid}) is already waiting: one migration at a time"
-        elif self.pump.stop_signal is not None:
-            refuse = "the job is stopping"
-        if refuse is None:
-            env = self._env(user_env(os.environ, self.options, {**self._restart_env, **request.env}))
-            try:
-                self.warm = WarmWorker(
-                    self.command, env, locks=self._lock_fds(), rid=request.id, expires=request.expires
-                )
-            except OSError as exc:
-                refuse = f"cannot start a warm worker: {exc.strerror or exc}"
-        if refuse is not None or self.warm is None:
-            warm.answer(self.job, request.id, ok=False, error=f"{refuse}; the job trains on unchanged")
-            return
-        self._warm_env, self._warm_answered = dict(request.env), False
-        self._groups.add(self.warm.pid)
-        self.warm.group.spare = worker.spare = self._groups
-        self.job.event("warm_start", pid=self.warm.pid, env=request.env)
-        log.info("ferry run: warm worker pid %d starting beside worker pid %d", self.warm.pid, worker.pid)
-
-    def _drop_warm(self, why: str) -> None:
-        """Discard the warm worker (it wrote nothing); a pending request is answered with ``why``."""
-        w, self.warm = self.warm, None
-        if w is None or self.job is None:
-            return
-        w.discard()
-        self._groups.discard(w.pid)
-        self.job.event("warm_discarded", pid=w.pid, reason=why)
-        if not self._warm_answered:
-            warm.answer(self.job, w.rid, ok=False, error=f"{why}; the job trains on unchanged")
-        log.warning("ferry run: warm worker pid %d discarded: %s", w.pid, why)
+    def _start_warm(self, request: WarmRequest) -> WarmWorker:
+        """The warm worker of a migration: the job's command, env and locks, and the request's env."""
+        env = self._env(user_env(os.environ, self.options, {**self._restart_env, **request.env}))
+        return WarmWorker(self.command, env, locks=self._lock_fds(), rid=request.id, expires=request.expires)
 
     def _adopt_warm(self) -> WorkerGroup | None:
-        """The warm worker takes over, where it waits for this restart; None: start one cold."""
-        w = self.warm
-        if w is None:
+        """The warm worker takes over after the old one exited, where it waits for this
+        restart (the old worker exited before its commit was noticed); None: start one cold."""
+        assert self.warm is not None and self.job is not None
+        if not self.warm.busy:
             return None
         reason = self._restart_reason or {}
-        if reason.get("reason") != "requested" or reason.get("env") != self._warm_env:
-            self._drop_warm("the worker restarted for another reason than the migration")
+        if reason.get("reason") != "requested" or reason.get("env") != self.warm.env:
+            self.warm.drop("the worker restarted for another reason than the migration")
             return None
-        if not self._warm_answered or not w.go():
-            self._drop_warm("it was not waiting at its restore point; starting the worker cold")
+        w = self.warm.release("it was not waiting at its restore point; starting the worker cold")
+        if w is None:
             return None
-        self.warm = None
-        assert self.job is not None
         self.job.update_status(
             "starting",
             worker_pid=None,
@@ -317,18 +256,16 @@ class Supervisor:
     def _start_gated(self) -> WorkerGroup | int:
         """The first worker, started warm: released once the gate has the state in place;
         the exit status instead when the run ends before that."""
-        assert self.job is not None and self.pump is not None and self.gate is not None
+        assert self.job is not None and self.pump is not None and self.gate is not None and self.warm
         self.job.update_status("starting", worker_pid=None, worker_started=time.time())
         try:
-            w = self.warm = WarmWorker(
+            w = WarmWorker(
                 self.command, self._env(self._user_env()), locks=self._lock_fds(), rid="", expires=math.inf
             )
         except OSError as exc:
             error = f"cannot run {self.command[0]!r}: {exc.strerror or exc}"
             return self._end("failed", ConfigError.exit_code, f"{error}; check the command after --")
-        self._warm_env, self._warm_answered = {}, True  # nobody waits for an answer
-        self._groups.add(w.pid)
-        w.group.spare = self._groups
+        self.warm.hold(w, {}, answered=True)  # nobody waits for an answer
         self.job.event("warm_start", pid=w.pid, env={})
         ready = False
         while True:
@@ -337,27 +274,19 @@ class Supervisor:
             if self.pump.stop_signal is not None:
                 failed = f"stopped by {signal_name(self.pump.stop_signal)} before the state arrived"
             elif (code := w.exited()) is not None:
-                words = w.last_words()
-                failed = f"the warm worker (pid {w.pid}) exited with {code} before it took over" + (
-                    f": {words}" if words else ""
-                )
+                failed = self.warm.gone(w, code) + " before it took over"
             elif not ready and w.poll_ready():
                 ready = True
-                seconds = (w.ready_at or w.started) - w.started
-                self.job.event("warm_ready", pid=w.pid, seconds=seconds)
-                self.gate.ready(w.pid, seconds)
-            elif ready:
-                failed = self.gate.poll()
-                if failed == "":
-                    if w.go():
-                        self.warm = None
-                        self.job.update_status("starting", worker_started=time.time())
-                        self._started(w.group, warm=True)
-                        self.worker = w.group
-                        return w.group
-                    failed = f"the warm worker (pid {w.pid}) was gone when the state arrived"
+                self.gate.ready(w.pid, self.warm.ready_seconds(w))
+            elif ready and (failed := self.gate.poll()) == "":
+                if self.warm.release(f"the warm worker (pid {w.pid}) was gone when the state arrived"):
+                    self.job.update_status("starting", worker_started=time.time())
+                    self._started(w.group, warm=True)
+                    self.worker = w.group
+                    return w.group
+                failed = f"the warm worker (pid {w.pid}) was gone when the state arrived"
             if failed is not None:
-                self._drop_warm(failed)
+                self.warm.drop(failed)
                 return self._end("failed", JobError.exit_code, f"{failed}; nothing of the job ran here")
             self.pump.wait(PROCESS_POLL_SECONDS)
 
@@ -378,57 +307,37 @@ class Supervisor:
     def _watch(self, worker: WorkerGroup) -> int | None:
         """Forward signals until the worker exits; returns its Popen return code, or None
         when it handed its state over to the warm worker (it is exiting)."""
-        assert self.pump is not None
+        assert self.pump is not None and self.warm is not None and self.job is not None
         while True:
             self.pump.forward(worker)
             self._reap_retiring()
             returncode = worker.poll()
             if returncode is not None:
                 return returncode
-            self._tend_warm(worker)
-            if self._handed_over():
+            self.warm.tend(worker, self._start_warm, self.pump.stop_signal)
+            stopping = self.pump.stop_signal is not None
+            if self.warm.may_take_over(
+                stopping=stopping, restarts=self.restarts, max_restarts=self.options.restarts
+            ):
                 return None
-            if self.gate is not None and self.job is not None and self.gate.settled(self.job):
+            if self.gate is not None and self.gate.settled(self.job):
                 self.gate = None
-            busy = self.warm is not None or self._retiring is not None
+            busy = self.warm.busy or self._retiring is not None
             self.pump.wait(self.pump.escalate_if_due(worker, PROCESS_POLL_SECONDS if busy else POLL_SECONDS))
-
-    def _handed_over(self) -> bool:
-        assert self.job is not None and self.pump is not None
-        if self.warm is None or not self._warm_answered:
-            return False
-        status = self.job.status()
-        return hand_over_now(
-            state=status.get("state"),
-            restart=status.get("restart"),
-            updated=float(status.get("updated", 0) or 0),
-            worker_started=float(status.get("worker_started", 0) or 0),
-            warm_env=self._warm_env,
-            warm_ready=True,
-            stopping=self.pump.stop_signal is not None,
-            restarts=self.restarts,
-            max_restarts=self.options.restarts,
-        )
 
     def _take_over(self, old: WorkerGroup) -> WorkerGroup:
         """The warm worker takes over from ``old``, which committed its checkpoint for the
         migration and is exiting; returns the job's worker from now on (``old`` again when
         the warm one is gone: its exit then restarts the worker cold, as decided then)."""
         assert self.job is not None and self.warm is not None
-        w = self.warm
-        status = self.job.status()
-        if not w.go():
-            self._drop_warm("it was gone when the old worker handed over; the worker restarts cold")
+        env, status = self.warm.env, self.job.status()
+        w = self.warm.release("it was gone when the old worker handed over; the worker restarts cold")
+        if w is None:
             return old
-        self.warm = None
         self.restarts += 1
-        self._restart_env.update(self._warm_env)
+        self._restart_env.update(env)
         self._down_since = float(status.get("updated", time.time()))
-        self._restart_reason = {
-            "reason": "requested",
-            "env": dict(self._warm_env),
-            "step": status.get("step"),
-        }
+        self._restart_reason = {"reason": "requested", "env": dict(env), "step": status.get("step")}
         self.job.update_status(
             "starting",
             restart=None,  # taken: a later exit must not reuse it
@@ -455,7 +364,8 @@ class Supervisor:
             return
         self._retiring = None
         old.clear()
-        self._groups.discard(old.pid)
+        if self.warm is not None:
+            self.warm.groups.discard(old.pid)
         self.job.event(
             "worker_exit",
             pid=old.pid,
@@ -502,7 +412,7 @@ class Supervisor:
         for level, note in decision.notes:
             log.log(level, "%s", note)
         if decision.action != "restart" and self.warm is not None:
-            self._drop_warm(f"worker pid {worker.pid} exited ({returncode}) without handing over")
+            self.warm.drop(f"worker pid {worker.pid} exited ({returncode}) without handing over")
         if decision.action == "restart":
             self._restart_in_place(decision)
             return None
