@@ -130,7 +130,7 @@ def build(
             warming[e.get("pid")] = t
         if kind in ("warm_discarded", "worker_start") and e.get("pid") in warming:
             tl.overlaps.append({"start": warming.pop(e.get("pid")), "end": t})
-        if kind == "worker_exit" and e.get("pid") != pid and pid is not None:
+        if kind == "worker_exit" and None not in (e.get("pid"), pid) and e.get("pid") != pid:
             kind = "retired"  # the worker a warm one took over from: the current one lives on
         if kind in ("run_start", "worker_start"):
             pid = e.get("pid")
