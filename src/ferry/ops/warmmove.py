@@ -144,7 +144,8 @@ def taken_over(
     record: JobRecord, since: float, step: int, timeout: float
 ) -> tuple[Event, Event, Event | None]:
     """The restart, resume and first_step events of the worker that took over after
-    ``since`` (first_step None: the job ended before one more step)."""
+    ``since`` (first_step None: the job ended, or ``timeout`` ran out, before two steps: the
+    move is done all the same, only its first step's warm-up is unknown)."""
     deadline = time.monotonic() + timeout
     while True:
         restarts = _events(record, since, "restart")
@@ -161,7 +162,8 @@ def taken_over(
                 first = _events(record, since, "first_step")
                 if first:
                     return restarts[-1], resume, first[-1]
-                if not record.refresh().alive or record.worker_pid != pid:
+                gone = not record.refresh().alive or record.worker_pid != pid
+                if gone or time.monotonic() > deadline:
                     return restarts[-1], resume, None
         elif not record.refresh().alive:
             raise JobError(
