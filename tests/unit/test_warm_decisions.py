@@ -5,6 +5,7 @@ and how the report draws the overlap (``ops.report.build``)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 from ferry.errors import ConfigError
 from ferry.ops import report
 from ferry.ops.warmcheck import WarmFacts, cold_reason
+from ferry.ops.warmresume import BundleGate
 from ferry.runtime.jobdir import JobDir
 from ferry.runtime.jobfiles import Event
 from ferry.runtime.warmstart import WarmFds, parse
@@ -129,3 +131,17 @@ def test_warm_requests_are_taken_once_and_malformed_ones_refused(tmp_path: Path)
     assert good == [warm.WarmRequest(rid, GPU1, 60.0)]
     assert set(refused) == {*bad, "link"} and all("refused" in why for why in refused.values())
     assert warm.take_requests(job) == [] and not list(Path(job.control).glob("warm-*"))
+
+
+def test_the_warm_resume_gate_waits_for_the_bundle_and_refuses_another_command(tmp_path: Path) -> None:
+    said: list[str] = []
+    gate = BundleGate(str(tmp_path / "bundle"), str(tmp_path / "ck"), ["python", "train.py"], said.append)
+    assert gate.poll() is None  # no bundle yet: wait on
+    (tmp_path / "bundle").mkdir()
+    doc = {"checkpoint": "checkpoints/step-000000000007", "command": ["python", "other.py"], "job": "a"}
+    (tmp_path / "bundle" / "bundle.json").write_text(json.dumps(doc))
+    why = gate.poll()
+    assert why and "another command" in why and "ferry resume" in why and gate.bundle is None
+    (tmp_path / "bundle" / "bundle.json").write_text("{garbled")
+    why = gate.poll()
+    assert why and "unusable" in why
