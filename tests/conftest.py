@@ -21,6 +21,7 @@ SLOW_MODULES = {
     "test_crash_consistency.py",
     "test_transfer.py",
     "test_cli_migrate.py",
+    "test_warm_migrate.py",
     "test_own_memory.py",
     "test_fuzz_checkpoints.py",
     "test_trust.py",

@@ -41,7 +41,8 @@ def test_migrate_moves_the_worker_and_stays_bitwise(tmp_path: Path, reference: P
     wait_for("training to reach step 3", training(path), proc)
     first = status(path)["worker_pid"]
 
-    moved = ferry(home, "migrate", "m", "--to", "1", "--unchecked-devices", "--timeout", "60", "--json")
+    moved = ferry(home, "migrate", "m", "--to", "1", "--unchecked-devices", "--cold", "--timeout", "60",
+                  "--json")  # fmt: skip
     assert moved.exit_code == 0, moved.output
     doc = json.loads(moved.stdout)
     assert doc["source"] == "0" and doc["target"] == "1" and doc["pid"] != first

@@ -186,6 +186,11 @@ EVENTS: list[dict[str, Any]] = [
     {"time": 12.0, "event": "restart", "reason": "failure", "pid": 4003, "downtime_seconds": 2.0,
      "returncode": 1, "backoff_seconds": 1.0},
     {"time": 13.0, "event": "run_end", "state": "finished", "exit_code": 0, "message": "done"},
+    {"time": 14.0, "event": "warm_start", "pid": 4004, "env": {"CUDA_VISIBLE_DEVICES": "1"}},
+    {"time": 15.0, "event": "warm_ready", "pid": 4004, "seconds": 3.5},
+    {"time": 16.0, "event": "warm_discarded", "pid": 4004, "reason": "the job is stopping (SIGTERM)"},
+    {"time": 17.0, "event": "worker_start", "pid": 4005, "restarts": 1, "failures": 0, "warm": True},
+    {"time": 18.0, "event": "first_step", "step": 13, "seconds": 0.3, "next_seconds": 0.2},
 ]  # fmt: skip
 
 

@@ -12,12 +12,16 @@ from ferry.cli.complete import complete_job
 from ferry.cli.jobs import EPILOG
 from ferry.cli.output import emit_json, json_option
 from ferry.cli.params import POSITIVE_SECONDS, SECONDS, check_timeout
+from ferry.errors import ConfigError
 from ferry.knobs import GRACE_SECONDS, REQUEST_TIMEOUT_SECONDS
+from ferry.ops import devices
 from ferry.ops import migrate as ops
 from ferry.ops.jobs import find_job
+from ferry.ops.warmresume import BundleGate
 from ferry.progress import meter_for
 from ferry.runtime.identity import default_job_id
 from ferry.supervisor import RunOptions, Supervisor
+from ferry.supervisor.options import check_command
 
 
 def _progress(as_json: bool) -> ops.Progress:
@@ -51,26 +55,56 @@ timeout_option = click.option(
     is_flag=True,
     help="Move even where the target devices cannot be checked (no NVML here).",
 )
+@click.option(
+    "--cold",
+    is_flag=True,
+    help="Restart the worker instead of starting the target worker beside the old one first.",
+)
 @timeout_option
 @json_option
-def migrate_cmd(job: str, target: str, unchecked_devices: bool, timeout: float, as_json: bool) -> None:
-    """Move JOB to other GPUs of this machine: checkpoint, restart on DEVICES, resume.
+def migrate_cmd(
+    job: str, target: str, unchecked_devices: bool, cold: bool, timeout: float, as_json: bool
+) -> None:
+    """Move JOB to other GPUs of this machine: checkpoint, hand over, resume on DEVICES.
 
-    Returns once the restarted worker reports it resumed at the saved step, and prints the
-    downtime: drain (to the next safe point), save, restart, restore. The job must run
-    under `ferry run --restarts N`.
+    Warm by default: the worker on DEVICES starts beside the running one and waits at its
+    restore point; the old worker then checkpoints at its next safe point, hands its state
+    over in host memory and exits, and the new one restores it and trains on. Cold (--cold,
+    or where the preflight finds too little host or GPU memory for a second copy, or a
+    multi-rank job): the old worker checkpoints and exits, then the new one starts.
+
+    Returns once the new worker resumed at the saved step and took two steps, and prints the
+    downtime: warm, drain (to the next safe point), hand-over (save included), restore and
+    the first step's warm-up (beyond the second step's length); cold, drain, save, restart,
+    restore. The job must run under
+    `ferry run --restarts N`.
     """
     result = ops.migrate(
-        find_job(job), target, check_timeout(timeout), _progress(as_json), unchecked=unchecked_devices
+        find_job(job),
+        target,
+        check_timeout(timeout),
+        _progress(as_json),
+        unchecked=unchecked_devices,
+        cold=cold,
     )
     if as_json:
         emit_json(result.to_dict())
         return
-    click.echo(
+    moved = (
         f"job {result.job} moved from {result.source or 'all devices'} to {result.target} at step "
-        f"{result.step}, worker pid {result.pid}; downtime {result.downtime:.2f} s (drain "
-        f"{result.drain:.2f} s, save {result.save:.2f} s, restart {result.restart:.2f} s, restore "
-        f"{result.restore:.2f} s)"
+        f"{result.step}, worker pid {result.pid}; "
+    )
+    if result.warm:
+        click.echo(
+            f"{moved}downtime {result.downtime:.2f} s (drain {result.drain:.2f} s, hand-over "
+            f"{result.handover:.2f} s of which save {result.save:.2f} s, restore {result.restore:.2f} s, "
+            f"first step {result.first_step or 0.0:.2f} s); warm start-up {result.warm_startup:.2f} s "
+            "while the job trained"
+        )
+        return
+    click.echo(
+        f"{moved}downtime {result.downtime:.2f} s (drain {result.drain:.2f} s, save {result.save:.2f} s, "
+        f"restart {result.restart:.2f} s, restore {result.restore:.2f} s); cold: {result.cold_reason}"
     )
 
 
@@ -113,6 +147,16 @@ def export_cmd(job: str, dest_url: str, timeout: float, as_json: bool) -> None:
 @click.option(
     "--grace", type=SECONDS, default=GRACE_SECONDS, show_default=True, metavar="S", help="As for ferry run."
 )
+@click.option(
+    "--warm",
+    is_flag=True,
+    help="Start the worker now, before the bundle exists; it takes over once `ferry export` wrote it.",
+)
+@click.option(
+    "--no-autotrack",
+    is_flag=True,
+    help="Explicit mode (as for ferry run); default: the bundle's mode, else zero-code.",
+)
 @json_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -124,6 +168,8 @@ def resume_cmd(
     checkpoint_dir: str | None,
     restarts: int,
     grace: float,
+    warm: bool,
+    no_autotrack: bool,
     as_json: bool,
     command: tuple[str, ...],
 ) -> None:
@@ -131,13 +177,24 @@ def resume_cmd(
 
     Runs it under ferry run's supervisor, in the foreground, with the bundle's command,
     working directory and environment unless given; exit codes as for ferry run.
+
+    With --warm, SOURCE is where `ferry export` on the job's node will write the bundle:
+    the worker (COMMAND, required, with this shell's environment and working directory)
+    starts now and waits at its restore point; once the bundle is there and holds the same
+    command, its checkpoint is copied here and the worker takes over, and the downtime of
+    the move is printed.
     """
     job_id = job_id or default_job_id()
     target = checkpoint_dir or os.path.join("ferry-checkpoints", job_id)
     target = target if "://" in target else os.path.abspath(target)
+    progress = _progress(as_json)
+    if warm and ops.load_bundle(source) is None:
+        _resume_warm(ctx, source, gpus, job_id, target, restarts, grace, no_autotrack, list(command), as_json)
+        return
     argv, env, cwd, autotrack = ops.prepare_resume(
-        source, target, list(command), gpus, _progress(as_json), meter_for(as_json)
+        source, target, list(command), gpus, progress, meter_for(as_json)
     )
+    autotrack = autotrack and not no_autotrack
     if cwd is not None:
         os.chdir(cwd)
     again = ops.resume_command(
@@ -161,6 +218,58 @@ def resume_cmd(
     code = Supervisor(argv, options).run()
     if as_json:
         emit_json({"job": job_id, "dir": target, "command": argv, "env": env, "exit_code": code})
+    ctx.exit(code)
+
+
+def _resume_warm(
+    ctx: click.Context,
+    source: str,
+    gpus: str | None,
+    job_id: str,
+    target: str,
+    restarts: int,
+    grace: float,
+    no_autotrack: bool,
+    command: list[str],
+    as_json: bool,
+) -> None:
+    progress = _progress(as_json)
+    if not command:
+        raise ConfigError(
+            f"there is no bundle at {source} yet: `ferry resume --warm` starts the worker before it "
+            "exists, so give its command after --"
+        )
+    check_command(command, os.environ.get("PATH"))
+    env: dict[str, str] = {}
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"], warning = devices.check(gpus)
+        if warning:
+            progress(f"warning: {warning}")
+    again = ops.resume_command(
+        job_id=job_id,
+        checkpoint_dir=target,
+        command=command,
+        env=env,
+        cwd=os.getcwd(),
+        autotrack=not no_autotrack,
+        restarts=restarts,
+    )
+    options = RunOptions(
+        dir=target,
+        job_id=job_id,
+        env=env,
+        autotrack=not no_autotrack,
+        restarts=restarts,
+        grace_seconds=None if grace == 0 else grace,
+        resume_command=again,
+    )
+    gate = BundleGate(source, target, command, progress)
+    code = Supervisor(command, options, gate=gate).run()
+    if as_json:
+        move = None if gate.move is None else {**gate.move.__dict__, "downtime": gate.move.downtime}
+        emit_json(
+            {"job": job_id, "dir": target, "command": command, "env": env, "exit_code": code, "move": move}
+        )
     ctx.exit(code)
 
 

@@ -41,6 +41,7 @@ def report_cmd(job: str, output: str | None, as_json: bool) -> None:
         "deleted_checkpoints": sum(c["deleted"] for c in timeline.checkpoints),
         "marks": timeline.marks,
         "startups": timeline.startups,
+        "overlaps": timeline.overlaps,
         "lost_seconds": timeline.lost_seconds,
     }
     if as_json:

@@ -59,6 +59,9 @@ def draw(tl: Timeline) -> Figure:
     for span in tl.startups:
         ax.axvspan(at(span["start"]), at(span["end"]), color=COLORS["startup"], alpha=0.3, lw=0,
                    label=label("worker start-up (start, imports, restore)", seen))  # fmt: skip
+    for span in tl.overlaps:
+        ax.axvspan(at(span["start"]), at(span["end"]), color=COLORS["overlap"], alpha=0.25, lw=0,
+                   hatch="..", label=label("warm worker start-up, beside training", seen))  # fmt: skip
     lost = f"work lost (recomputed): {tl.lost_seconds:.1f} s"  # in all: a short span is a sliver
     for span in tl.lost:
         ax.axvspan(at(span["start"]), at(span["end"]), color=COLORS["failure"], alpha=0.25, lw=0,

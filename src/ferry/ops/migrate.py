@@ -1,10 +1,11 @@
 """Move a job: in place to other devices (``migrate``), or out as a bundle (``export``) that
 ``resume`` starts again elsewhere.
 
-Migration is a ``restart`` control request (docs/jobs.md): the worker commits a checkpoint
-and exits, its supervisor starts it again with the new ``CUDA_VISIBLE_DEVICES``, and the
-new worker restores the checkpoint just committed. The state travels through that
-checkpoint (read back from the page cache on a local disk), not through memory.
+Migration is a ``restart`` control request (docs/jobs.md): the worker commits a checkpoint,
+leaves its state in host memory and exits, and the new worker, on the new
+``CUDA_VISIBLE_DEVICES``, restores it. Warm (``warmmove``), the new worker was started
+beside the old one and waits at its restore point; cold, the supervisor starts it after
+the old one exited.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from typing import TypedDict
 from ferry.autotrack import BOOT_DIR
 from ferry.errors import ConfigError, JobError, NoCheckpointError
 from ferry.knobs import PROCESS_POLL_SECONDS
-from ferry.ops import devices
+from ferry.ops import devices, warmmove
 from ferry.ops.jobs import JobRecord, command_of, process_env, require_alive, send, wait_answer
+from ferry.ops.warmcheck import cold_reason
 from ferry.progress import Meter
-from ferry.runtime.jobfiles import Event
 from ferry.storage import FileRecord, Storage, Transaction, open_storage
 from ferry.storage.atomic import MANIFEST
 from ferry.supervisor.options import SUPERVISOR_OWNED, check_command
@@ -42,6 +43,7 @@ _JOB_SPECIFIC = (
     "FERRY_AUTOTRACK",
     "FERRY_HANDOFF_DIR",
     "FERRY_SUPERVISOR_PID",
+    "FERRY_WARM",
 )
 """Variables that belong to the old job (its ids, its folders, its supervisor): a resumed
 job gets its own, and an old one would point it at the old job's host memory or process."""
@@ -56,12 +58,30 @@ class Migration:
     url: str
     pid: int
     drain: float
+    """From the request to the old worker's next safe point (it trains meanwhile)."""
     save: float
+    """The old worker's checkpoint, committed."""
     restart: float
+    """Cold: from the commit to the new worker's restore (a process start). Warm: 0."""
     restore: float
+    """The new worker's restore, its load included."""
+    first_step: float | None = None
+    """How much longer the new worker's first step took than its second: its warm-up (caches,
+    lazy initialization, CUDA kernels); the steps themselves train (None: no two steps came)."""
+    warm: bool = False
+    """The target worker was started beside the old one (docs/jobs.md, "Warm migration")."""
+    handover: float = 0.0
+    """Warm: from the old worker's save to the warm worker's restore: the save, the state left in
+    host memory, the old worker's exit, the release of the warm one."""
+    warm_startup: float = 0.0
+    """Warm: the warm worker's start-up to its restore point, while the old one trained."""
+    cold_reason: str | None = None
+    """Why the migration restarted cold (None: it went warm)."""
 
     @property
     def downtime(self) -> float:
+        if self.warm:
+            return self.drain + self.handover + self.restore + (self.first_step or 0.0)
         return self.drain + self.save + self.restart + self.restore
 
     def to_dict(self) -> dict[str, object]:
@@ -90,16 +110,28 @@ class Bundle(_BundleBase, total=False):
     host: str | None
     exporter: dict[str, str]
     created: float
-
-
-def _events_after(record: JobRecord, since: float, kind: str) -> list[Event]:
-    return [e for e in record.dir.events() if e["event"] == kind and e["time"] >= since]
+    stop_requested: float
+    """When ``export`` asked the running job to stop (absent: it was not running)."""
+    committed: float
+    """When the stop's checkpoint committed; ``save_seconds``: how long its save took."""
+    save_seconds: float
 
 
 def migrate(
-    record: JobRecord, target: str, timeout: float, progress: Progress, *, unchecked: bool = False
+    record: JobRecord,
+    target: str,
+    timeout: float,
+    progress: Progress,
+    *,
+    unchecked: bool = False,
+    cold: bool = False,
 ) -> Migration:
-    """Checkpoint, restart on ``target`` devices, and return once the worker resumed.
+    """Move the job to ``target`` devices and return once its new worker resumed and took a step.
+
+    Warm (docs/jobs.md): the new worker starts beside the old one and waits at its restore
+    point; the old one then checkpoints, hands its state over and exits. Cold, where the
+    preflight (``warmcheck``) says the job cannot run twice at once, or ``cold`` asks for it:
+    the old worker checkpoints and exits, and the supervisor starts the new one.
 
     Where the devices cannot be checked (no NVML), CUDA would start the worker on whatever
     it finds, or on no GPU at all, and the job would train somewhere else than asked:
@@ -129,6 +161,10 @@ def migrate(
         )
     if warning:
         progress(f"warning: {warning}")
+    reason = "asked for (--cold)" if cold else cold_reason(warmmove.facts(record, target))
+    if reason is None:
+        return _migrate_warm(record, current, target, timeout, progress)
+    progress(f"job {record.id}: cold migration (the worker restarts): {reason}")
     t0 = time.time()
     rid = send(record, "restart", {"CUDA_VISIBLE_DEVICES": target})
     progress(
@@ -138,41 +174,54 @@ def migrate(
     step, url, save = int(answer["step"]), str(answer["url"]), float(answer.get("seconds", 0))
     committed = float(answer.get("time", time.time()))
     progress(f"job {record.id}: checkpoint of step {step} committed ({save:.2f} s); restarting on {target}")
-    deadline = time.monotonic() + timeout
-    while True:
-        new_pids = [e.get("pid") for e in _events_after(record, t0, "restart")]
-        resumed = _events_after(record, t0, "resume")
-        if new_pids and new_pids[-1] and resumed:
-            new_pid, resume = new_pids[-1], resumed[-1]
-            if resume.get("step") != step:
-                raise JobError(
-                    f"job {record.id} restarted on {target} but resumed at step {resume.get('step')}, "
-                    f"not at the step {step} it saved (from {resume.get('url')}): see its log"
-                )
-            break
-        if not record.refresh().alive:
-            raise JobError(
-                f"job {record.id} stopped after its checkpoint instead of restarting "
-                f"({record.state}); resume it with `ferry run` or `ferry resume {url}`"
-            )
-        if time.monotonic() > deadline:
-            raise JobError(
-                f"job {record.id} did not resume on {target} within {timeout:g} s; see `ferry status`"
-            )
-        time.sleep(PROCESS_POLL_SECONDS)
+    restart, resume, first = warmmove.taken_over(record, t0, step, timeout)
     restore = float(resume.get("seconds", 0))
-    save_start = committed - save
     return Migration(
         job=record.id,
         source=current,
         target=target,
         step=step,
         url=url,
-        pid=new_pid,
-        drain=max(0.0, save_start - t0),
+        pid=int(restart.get("pid") or 0),
+        drain=max(0.0, committed - save - t0),
         save=save,
         restart=max(0.0, resume["time"] - restore - committed),
         restore=restore,
+        first_step=warmmove.first_step(first),
+        cold_reason=reason,
+    )
+
+
+def _migrate_warm(
+    record: JobRecord, current: str | None, target: str, timeout: float, progress: Progress
+) -> Migration:
+    pid, startup, _ = warmmove.start_warm(record, target, timeout, progress)
+    answer, t0 = warmmove.hand_over(record, target, timeout, progress)
+    step, url, save = int(answer["step"]), str(answer["url"]), float(answer.get("seconds", 0))
+    committed = float(answer.get("time", time.time()))
+    progress(
+        f"job {record.id}: checkpoint of step {step} committed ({save:.2f} s); handing over to pid {pid}"
+    )
+    restart, resume, first = warmmove.taken_over(record, t0, step, timeout)
+    restore = float(resume.get("seconds", 0))
+    save_start = committed - save
+    went_warm = bool(restart.get("warm")) and restart.get("pid") == pid
+    return Migration(
+        job=record.id,
+        source=current,
+        target=target,
+        step=step,
+        url=url,
+        pid=int(restart.get("pid") or 0),
+        drain=max(0.0, save_start - t0),
+        save=save,
+        restart=0.0 if went_warm else max(0.0, resume["time"] - restore - committed),
+        restore=restore,
+        first_step=warmmove.first_step(first),
+        warm=went_warm,
+        handover=max(0.0, resume["time"] - restore - save_start) if went_warm else 0.0,
+        warm_startup=startup,
+        cold_reason=None if went_warm else "the warm worker was gone at the hand-over: the worker restarted",
     )
 
 
@@ -249,17 +298,16 @@ def export(
     pid = record.worker_pid
     env = (process_env(pid) if pid and record.alive else None) or {}
     exe = _exe(pid) if record.alive and pid else None
+    stopped: dict[str, float] = {}
     if record.alive:
+        stopped["stop_requested"] = time.time()
         rid = send(record, "stop")
         progress(f"job {record.id}: checkpointing and stopping at its next safe point")
         answer = wait_answer(record, rid, timeout, progress)
         url = str(answer["url"])
-        progress(f"job {record.id}: checkpoint of step {answer['step']} committed; waiting for it to exit")
-        deadline = time.monotonic() + timeout
-        while record.refresh().alive:
-            if time.monotonic() > deadline:
-                raise JobError(f"job {record.id} did not exit within {timeout:g} s of its checkpoint")
-            time.sleep(PROCESS_POLL_SECONDS)
+        stopped["committed"] = float(answer.get("time", time.time()))
+        stopped["save_seconds"] = float(answer.get("seconds", 0.0))
+        progress(f"job {record.id}: checkpoint of step {answer['step']} committed; copying it")
     else:
         root = record.identity.get("checkpoint_dir")
         if not root:
@@ -289,7 +337,23 @@ def export(
         "exporter": {"python": platform.python_version(), "host": platform.node()},
         "created": time.time(),
     }
+    if stopped:
+        bundle["stop_requested"] = stopped["stop_requested"]
+        bundle["committed"] = stopped["committed"]
+        bundle["save_seconds"] = stopped["save_seconds"]
+    # The bundle is whole once its checkpoint is: the job trains no further after the commit of
+    # its stop, so a `ferry resume --warm` waiting for it starts while the job still exits.
     dest.write_bytes(BUNDLE, json.dumps(bundle, indent=1, sort_keys=True).encode())
+    if stopped:
+        progress(f"job {record.id}: bundle written; waiting for the job to exit")
+        deadline = time.monotonic() + timeout
+        while record.refresh().alive:
+            if time.monotonic() > deadline:
+                raise JobError(
+                    f"job {record.id} did not exit within {timeout:g} s of its checkpoint (the bundle at "
+                    f"{dest.url} is complete)"
+                )
+            time.sleep(PROCESS_POLL_SECONDS)
     return {**bundle, "url": dest.url}
 
 

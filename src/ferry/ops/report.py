@@ -30,6 +30,7 @@ COLORS: dict[str, str] = {
     "migration": "#9467bd",
     "startup": "#bcbd22",
     "down": "#c7c7c7",
+    "overlap": "#17becf",
 }
 
 
@@ -77,6 +78,9 @@ class Timeline:
     last_status: tuple[float, int] | None = None
     """The last point of the curve when it comes from ``status.json`` (the step when the
     status was last written): the steps between the last event and it were not recorded."""
+    overlaps: list[Span] = field(default_factory=list)
+    """A warm migration's target worker starting up while the old one trained: from its start
+    to its take-over (or its end, when it was discarded)."""
     start: float = 0.0
     end: float = 1.0
 
@@ -117,6 +121,8 @@ def build(
     last_stop: int | None = None  # the index of the stop mark a requested restart may follow
     exited: float | None = None  # the last worker's stop or exit, while no other worker started
     stopped: float | None = None  # this worker's stop, while it exits
+    pid: object = None  # the current worker's
+    warming: dict[object, float] = {}  # warm workers started and not yet taken over: pid -> start
 
     def trained(end: float | None) -> None:
         """The start-up of the worker ends at ``end``; None: unknown (an older worker that
@@ -131,16 +137,24 @@ def build(
 
     for e in sorted(events, key=lambda e: e["time"]):
         t, kind, step = e["time"], e["event"], e.get("step")
+        if kind == "warm_start":
+            warming[e.get("pid")] = t
+        if kind in ("warm_discarded", "worker_start") and e.get("pid") in warming:
+            tl.overlaps.append({"start": warming.pop(e.get("pid")), "end": t})
+        if kind == "worker_exit" and None not in (e.get("pid"), pid) and e.get("pid") != pid:
+            kind = "retired"  # the worker a warm one took over from: the current one lives on
         if kind in ("run_start", "resume", "training_start", "checkpoint"):
             last_stop = None  # a new run, or the next worker at work: no restart pending
         if kind == "stop":
             stopped = t
         if kind == "worker_exit":
             exited, stopped = (stopped if stopped is not None else t), None
-        if kind == "worker_start" and exited is not None:
-            tl.down.append({"start": exited, "end": t})
-            exited = None
+        if kind == "worker_start":
+            if exited is not None:
+                tl.down.append({"start": exited, "end": t})
+            exited = stopped = None  # a warm worker took over before the old one exited: no gap
         if kind in ("run_start", "worker_start"):
+            pid = e.get("pid")
             trained(restored)
             if current:
                 tl.segments.append(current)
@@ -185,10 +199,12 @@ def build(
             )
         elif kind == "restart" and e.get("reason") == "requested":
             env = " ".join(f"{k}={v}" for k, v in e.get("env", {}).items())
-            text = (
-                f"restarted in place {env} "
-                f"(down {e.get('downtime_seconds', 0.0):.2f} s until the new worker started)"
+            what, who = (
+                ("warm hand-over", "the warm worker took over")
+                if e.get("warm")
+                else ("restarted in place", "the new worker started")
             )
+            text = f"{what} {env} (down {e.get('downtime_seconds', 0.0):.2f} s until {who})"
             if last_stop is not None:  # the worker's stop was this migration's: one mark, when it left
                 left = tl.marks[last_stop]
                 tl.marks[last_stop] = {"kind": "migration", "time": left["time"],
@@ -239,6 +255,7 @@ def page(tl: Timeline, status: Status, figure_svg: str) -> str:
     saves = [c["seconds"] for c in tl.checkpoints]
     mean = f"{sum(saves) / len(saves):.3f} s" if saves else "-"
     startup = sum(s["end"] - s["start"] for s in tl.startups)
+    overlap = sum(s["end"] - s["start"] for s in tl.overlaps)
     count = {k: sum(m["kind"] == k for m in tl.marks) for k in ("failure", "stop", "migration")}
     deleted = sum(c["deleted"] for c in tl.checkpoints)
     return f"""<!doctype html>
@@ -249,7 +266,8 @@ def page(tl: Timeline, status: Status, figure_svg: str) -> str:
 <p>state <b>{esc(str(status.get("state")))}</b> at step {status.get("step")}; wall time
 {tl.end - tl.start:.1f} s; {len(tl.checkpoints)} checkpoints (mean save {mean}; {deleted} since
 deleted by retention); {count["failure"]} failures, {count["stop"]} stops, {count["migration"]}
-migrations; worker start-up {startup:.1f} s; work lost and recomputed: {tl.lost_seconds:.1f} s
+migrations; worker start-up {startup:.1f} s (and {overlap:.1f} s of warm workers' start-up
+while the job trained); work lost and recomputed: {tl.lost_seconds:.1f} s
 of wall time.</p>
 {figure_svg}
 <h2>Events</h2><ul>{marks or "<li>no interruption</li>"}</ul>

@@ -111,6 +111,10 @@ class Event(_EventBase, total=False):
     backoff_seconds: float
     state: str
     message: str
+    warm: bool
+    """worker_start, restart: the worker was started beside the old one (a warm migration)."""
+    next_seconds: float
+    """first_step: the length of the second step after a resume (``seconds``: the first's)."""
 
 
 class _ResponseBase(TypedDict):
@@ -126,6 +130,8 @@ class Response(_ResponseBase, total=False):
     url: str
     seconds: float
     error: str
+    pid: int
+    """A warm start's answer (supervisor/warm.py): the warm worker's pid."""
 
 
 MINIMUM = {"pid": 1, "worker_pid": 1, "supervisor_pid": 1, "uid": 0}

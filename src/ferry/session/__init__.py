@@ -9,6 +9,7 @@ checkpoints are taken at safe points only.
     checkpointer  how this process writes: alone (in the background) or as one rank of several
     resume        finding the checkpoint to resume and putting it back
     reporting     log lines, job status and events, answers to requests
+    warm          a warm worker's wait at its restore point (a warm migration)
     core          the Session, which holds the state and calls the above
     api           the module-level functions over the process's session
 """

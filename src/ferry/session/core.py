@@ -27,7 +27,7 @@ from ferry.runtime.identity import default_job_id
 from ferry.runtime.jobdir import JobDir
 from ferry.runtime.signals import SignalRequests
 from ferry.schedulers import detect as detect_scheduler
-from ferry.session import checkpointer, policy, resume
+from ferry.session import checkpointer, policy, resume, warm
 from ferry.session.reporting import Reporter
 from ferry.session.rngwatch import GeneratorWatch, Look
 from ferry.state.generators import GeneratorState
@@ -65,7 +65,12 @@ class Session(Hooks):
 
     def __init__(self, config: Config | None = None, signals: SignalRequests | None = None) -> None:
         self.config = config or Config.from_env()
+        # A warm worker (docs/jobs.md, "Warm migration") waits here, before it looks at the job
+        # or writes anything of it, until the worker it replaces has handed its state over.
+        warm_wait = warm.hold()
         _default_logging()
+        if warm_wait is not None:
+            log.info("ferry: taking over, after %.1f s at the restore point (a warm migration)", warm_wait)
         self.objects: dict[str, Any] = {}
         self.loaders: dict[str, LoaderTracker] = {}
         self.driver: LoaderTracker | None = None
@@ -120,6 +125,9 @@ class Session(Hooks):
             self._resume = resume.find(self.config.dir, self.checkpointer)
             if self._resume is not None:
                 self.resumed, self.restored_step = True, self._resume.step
+        self._first_steps: list[float] | None = [] if self.resumed else None
+        """After a resume: when the first safe points were passed (``ferry migrate`` takes the
+        first step's warm-up, beyond the second's length, as part of the downtime)."""
         self.job.update_status("running", step=self.global_step, pid=os.getpid())
         _register_exit(self._atexit)
         self._previous_excepthook = sys.excepthook
@@ -246,6 +254,8 @@ class Session(Hooks):
             return
         if not self._trained:
             self._first_safe_point()
+        if self._first_steps is not None:
+            self._time_first_steps()
         now = time.monotonic()
         if now >= self._next_poll:
             self._requests.extend(self.inbox.poll())
@@ -290,6 +300,17 @@ class Session(Hooks):
         if self.uncaptured is not None:
             self._generators = GeneratorWatch(self.uncaptured, self.config.ignore_generators)
             self._generators.start()
+
+    def _time_first_steps(self) -> None:
+        """At the third safe point after a resume: the ``first_step`` event, with the lengths
+        of the first two steps."""
+        if self._first_steps is None:
+            raise bug("the first steps after a resume are timed without a start")
+        self._first_steps.append(time.monotonic())
+        if len(self._first_steps) == 3:
+            a, b, c = self._first_steps
+            self._first_steps = None
+            self.job.event("first_step", step=self.global_step, seconds=b - a, next_seconds=c - b)
 
     def _check_generators(self) -> None:
         if self._generators is not None:

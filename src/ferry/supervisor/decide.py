@@ -74,6 +74,37 @@ class Decision:
     """Log lines (level, text) that come before the outcome."""
 
 
+def hand_over_now(
+    *,
+    state: object,
+    restart: object,
+    updated: float,
+    worker_started: float,
+    warm_env: Mapping[str, str],
+    warm_ready: bool,
+    stopping: bool,
+    restarts: int,
+    max_restarts: int,
+) -> bool:
+    """A warm migration: may the warm worker take over now, while the old one still exits?
+
+    Yes once the job's status (``state``, ``restart``, ``updated``) says that the current
+    worker (started at ``worker_started``) committed its checkpoint for the migration's restart
+    (``restart`` is the warm worker's env): by then it has left its state in host memory and
+    writes nothing of the job any more, only its interpreter's teardown is left, which can take
+    longer than the rest of the migration. Never during a stop (``stopping``), nor when no
+    in-place restart is left (the old worker's exit is then decided as usual)."""
+    return (
+        warm_ready
+        and not stopping
+        and restarts < max_restarts
+        and state == "checkpointed"
+        and updated >= worker_started
+        and isinstance(restart, Mapping)
+        and dict(restart) == dict(warm_env)
+    )
+
+
 def exit_status(returncode: int) -> int:
     """A Popen return code as a shell reports it: 128 + N for a death by signal N."""
     return 128 - returncode if returncode < 0 else returncode

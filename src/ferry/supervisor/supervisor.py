@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import shlex
 import signal
@@ -21,8 +22,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ferry.config import Config
-from ferry.errors import ConfigError, bug
-from ferry.knobs import LEFTOVER_SECONDS, POLL_SECONDS
+from ferry.errors import ConfigError, JobError, bug
+from ferry.knobs import LEFTOVER_SECONDS, POLL_SECONDS, PROCESS_POLL_SECONDS
 from ferry.runtime import handoff
 from ferry.runtime.identity import default_job_id
 from ferry.runtime.jobdir import JobDir, write_json_atomic
@@ -32,6 +33,8 @@ from ferry.supervisor.decide import Decision, WorkerExit, decide
 from ferry.supervisor.options import RunOptions, check_command
 from ferry.supervisor.signals import SignalPump
 from ferry.supervisor.stopping import signal_name
+from ferry.supervisor.warm import WarmGate, WarmRequest, WarmWorker
+from ferry.supervisor.warmslot import WarmSlot
 from ferry.supervisor.worker import WorkerGroup, handoff_dir, user_env, worker_env
 
 log = logging.getLogger("ferry.run")
@@ -40,9 +43,14 @@ log = logging.getLogger("ferry.run")
 class Supervisor:
     """Runs one job's worker to its end; ``run()`` returns the exit status for the shell."""
 
-    def __init__(self, command: Sequence[str], options: RunOptions | None = None) -> None:
+    def __init__(
+        self, command: Sequence[str], options: RunOptions | None = None, *, gate: WarmGate | None = None
+    ) -> None:
+        """``gate``: the first worker starts warm and waits at its restore point for what the
+        gate waits for (``ferry resume --warm``)."""
         self.command = list(command)
         self.options = options or RunOptions()
+        self.gate = gate
         # The batch system running us (docs/schedulers.md) names the job, so that its restarts
         # resume it, and may dictate the checkpoint exit code (HTCondor's job ad).
         self.scheduler = detect_scheduler()
@@ -61,6 +69,10 @@ class Supervisor:
         self._restart_env: dict[str, str | None] = {}
         self._restart_reason: dict[str, Any] | None = None
         self._down_since = 0.0
+        self.warm: WarmSlot | None = None
+        """The warm worker of a migration, if any (made with the job directory)."""
+        self._retiring: WorkerGroup | None = None
+        """The worker a warm one took over from, while it exits."""
 
     # ------------------------------------------------------------------ public
     def run(self) -> int:
@@ -77,17 +89,30 @@ class Supervisor:
             self.job.release_lock()
             raise
         self.pump = SignalPump(self.options.stop_signals, self.options.grace_seconds, self.job)
+        self.warm = WarmSlot(self.job)
         try:
             self._begin()
             with self.pump.installed():
+                first = self._start() if self.gate is None else self._start_gated()
+                if isinstance(first, int):
+                    return first
+                worker = first
                 while True:
-                    worker = self._start()
                     returncode = self._watch(worker)
+                    if returncode is None:  # it handed over to the warm worker and is exiting
+                        worker = self._take_over(worker)
+                        continue
+                    self._reap_retiring(wait=True)
                     worker.clear()
+                    self.warm.groups.discard(worker.pid)
                     code = self._after_exit(worker, returncode)
                     if code is not None:
                         return code
+                    worker = self._start()
         finally:
+            self.warm.drop("the supervisor is exiting")
+            if self._retiring is not None:
+                self._retiring.abandon(self.options.grace_seconds or LEFTOVER_SECONDS)
             if self.worker is not None:
                 self.worker.abandon(self.options.grace_seconds or LEFTOVER_SECONDS)
             if self.root_lock is not None:
@@ -145,17 +170,25 @@ class Supervisor:
             self.checkpoint_dir,
         )
 
-    def _start(self) -> WorkerGroup:
-        if self.job is None or self.pump is None:
-            raise bug("the supervisor has no job directory or signal pump")
-        env = worker_env(
-            self._user_env(),
+    def _env(self, user: dict[str, str]) -> dict[str, str]:
+        if self.job is None:
+            raise bug("the supervisor's state is incomplete here (self.job)")
+        return worker_env(
+            user,
             self.options,
             job_id=self.job_id,
             job_dir=self.job.path,
             checkpoint_dir=self.checkpoint_dir,
             handoff_dir=self._handoff_dir if os.path.isdir("/dev/shm") else None,
         )
+
+    def _start(self) -> WorkerGroup:
+        if self.job is None or self.pump is None:
+            raise bug("the supervisor's state is incomplete here (self.job, self.pump)")
+        adopted = self._adopt_warm()
+        if adopted is not None:
+            return adopted
+        env = self._env(self._user_env())
         self.job.update_status(
             "starting",
             worker_pid=None,
@@ -172,18 +205,98 @@ class Supervisor:
             self.job.update_status("failed", error=error, exit_code=ConfigError.exit_code)
             self.job.event("run_end", state="failed", exit_code=ConfigError.exit_code, message=error)
             raise ConfigError(f"{error}; check the command after --") from None
+        self._started(worker, warm=False)
+        log.info("ferry run: worker pid %d started: %s", worker.pid, shlex.join(self.command))
+        return worker
+
+    def _started(self, worker: WorkerGroup, *, warm: bool) -> None:
+        """``worker`` is the job's worker from now on (``warm``: a warm worker taking over)."""
+        if self.job is None or self.pump is None:
+            raise bug("the supervisor's state is incomplete here (self.job, self.pump)")
+        if self.warm is None:
+            raise bug("the supervisor's state is incomplete here (self.warm)")
         pid = worker.pid
+        self.warm.groups.add(pid)
+        worker.spare = self.warm.groups
         self.pump.new_worker()
         identity = self.job.identity()
         write_json_atomic(self.job.file("job.json"), {**identity, "worker_pid": pid})
         self.job.update_status("starting", worker_pid=pid)
-        self.job.event("worker_start", pid=pid, restarts=self.restarts, failures=self.failures)
+        self.job.event("worker_start", pid=pid, restarts=self.restarts, failures=self.failures, warm=warm)
         if self._restart_reason is not None:
             downtime = time.time() - self._down_since
-            self.job.event("restart", pid=pid, downtime_seconds=downtime, **self._restart_reason)
+            self.job.event("restart", pid=pid, downtime_seconds=downtime, warm=warm, **self._restart_reason)
             self._restart_reason = None
-        log.info("ferry run: worker pid %d started: %s", pid, shlex.join(self.command))
-        return worker
+
+    # ------------------------------------------------------------------ a warm worker
+    def _start_warm(self, request: WarmRequest) -> WarmWorker:
+        """The warm worker of a migration: the job's command, env and locks, and the request's env."""
+        env = self._env(user_env(os.environ, self.options, {**self._restart_env, **request.env}))
+        return WarmWorker(self.command, env, locks=self._lock_fds(), rid=request.id, expires=request.expires)
+
+    def _adopt_warm(self) -> WorkerGroup | None:
+        """The warm worker takes over after the old one exited, where it waits for this
+        restart (the old worker exited before its commit was noticed); None: start one cold."""
+        if self.warm is None or self.job is None:
+            raise bug("the supervisor's state is incomplete here (self.warm, self.job)")
+        if not self.warm.busy:
+            return None
+        reason = self._restart_reason or {}
+        if reason.get("reason") != "requested" or reason.get("env") != self.warm.env:
+            self.warm.drop("the worker restarted for another reason than the migration")
+            return None
+        w = self.warm.release("it was not waiting at its restore point; starting the worker cold")
+        if w is None:
+            return None
+        self.job.update_status(
+            "starting",
+            worker_pid=None,
+            restarts=self.restarts,
+            failures=self.failures,
+            worker_started=time.time(),
+        )
+        self._started(w.group, warm=True)
+        log.info("ferry run: warm worker pid %d takes over", w.pid)
+        self.worker = w.group
+        return w.group
+
+    def _start_gated(self) -> WorkerGroup | int:
+        """The first worker, started warm: released once the gate has the state in place;
+        the exit status instead when the run ends before that."""
+        if self.job is None or self.pump is None or self.gate is None or not self.warm:
+            raise bug("the supervisor's state is incomplete here (self.job, self.pump, self.gate, self.warm)")
+        self.job.update_status("starting", worker_pid=None, worker_started=time.time())
+        try:
+            w = WarmWorker(
+                self.command, self._env(self._user_env()), locks=self._lock_fds(), rid="", expires=math.inf
+            )
+        except OSError as exc:
+            error = f"cannot run {self.command[0]!r}: {exc.strerror or exc}"
+            return self._end("failed", ConfigError.exit_code, f"{error}; check the command after --")
+        self.warm.hold(w, {}, answered=True)  # nobody waits for an answer
+        self.job.event("warm_start", pid=w.pid, env={})
+        ready = False
+        while True:
+            self.pump.forward(None)
+            failed = None
+            if self.pump.stop_signal is not None:
+                failed = f"stopped by {signal_name(self.pump.stop_signal)} before the state arrived"
+            elif (code := w.exited()) is not None:
+                failed = self.warm.gone(w, code) + " before it took over"
+            elif not ready and w.poll_ready():
+                ready = True
+                self.gate.ready(w.pid, self.warm.ready_seconds(w))
+            elif ready and (failed := self.gate.poll()) == "":
+                if self.warm.release(f"the warm worker (pid {w.pid}) was gone when the state arrived"):
+                    self.job.update_status("starting", worker_started=time.time())
+                    self._started(w.group, warm=True)
+                    self.worker = w.group
+                    return w.group
+                failed = f"the warm worker (pid {w.pid}) was gone when the state arrived"
+            if failed is not None:
+                self.warm.drop(failed)
+                return self._end("failed", JobError.exit_code, f"{failed}; nothing of the job ran here")
+            self.pump.wait(PROCESS_POLL_SECONDS)
 
     def _lock_fds(self) -> tuple[int, ...]:
         """The job's lock and its checkpoint root's: the worker holds them too, so that they
@@ -200,16 +313,84 @@ class Supervisor:
         name = "SIGTERM" if "SIGTERM" in names or not names else names[0]
         return int(getattr(signal, name))
 
-    def _watch(self, worker: WorkerGroup) -> int:
-        """Forward signals until the worker exits; returns its Popen return code."""
-        if self.pump is None:
-            raise bug("the supervisor has no signal pump")
+    def _watch(self, worker: WorkerGroup) -> int | None:
+        """Forward signals until the worker exits; returns its Popen return code, or None
+        when it handed its state over to the warm worker (it is exiting)."""
+        if self.pump is None or self.warm is None or self.job is None:
+            raise bug("the supervisor's state is incomplete here (self.pump, self.warm, self.job)")
         while True:
             self.pump.forward(worker)
+            self._reap_retiring()
             returncode = worker.poll()
             if returncode is not None:
                 return returncode
-            self.pump.wait(self.pump.escalate_if_due(worker, POLL_SECONDS))
+            self.warm.tend(worker, self._start_warm, self.pump.stop_signal)
+            stopping = self.pump.stop_signal is not None
+            if self.warm.may_take_over(
+                stopping=stopping, restarts=self.restarts, max_restarts=self.options.restarts
+            ):
+                return None
+            if self.gate is not None and self.gate.settled(self.job):
+                self.gate = None
+            busy = self.warm.busy or self._retiring is not None
+            self.pump.wait(self.pump.escalate_if_due(worker, PROCESS_POLL_SECONDS if busy else POLL_SECONDS))
+
+    def _take_over(self, old: WorkerGroup) -> WorkerGroup:
+        """The warm worker takes over from ``old``, which committed its checkpoint for the
+        migration and is exiting; returns the job's worker from now on (``old`` again when
+        the warm one is gone: its exit then restarts the worker cold, as decided then)."""
+        if self.job is None or self.warm is None:
+            raise bug("the supervisor's state is incomplete here (self.job, self.warm)")
+        env, status = self.warm.env, self.job.status()
+        w = self.warm.release("it was gone when the old worker handed over; the worker restarts cold")
+        if w is None:
+            return old
+        self.restarts += 1
+        self._restart_env.update(env)
+        self._down_since = float(status.get("updated", time.time()))
+        self._restart_reason = {"reason": "requested", "env": dict(env), "step": status.get("step")}
+        self.job.update_status(
+            "starting",
+            restart=None,  # taken: a later exit must not reuse it
+            worker_pid=None,
+            restarts=self.restarts,
+            failures=self.failures,
+            worker_started=time.time(),
+        )
+        self._started(w.group, warm=True)
+        self._retiring, self.worker = old, w.group
+        log.info("ferry run: warm worker pid %d takes over from worker pid %d", w.pid, old.pid)
+        return w.group
+
+    def _reap_retiring(self, *, wait: bool = False) -> None:
+        """Record the exit of the worker a warm one took over from (``wait``: it must end now,
+        within the grace period: the worker after it ended already)."""
+        old = self._retiring
+        if old is None or self.job is None:
+            return
+        if wait:
+            old.abandon(self.options.grace_seconds or LEFTOVER_SECONDS, quiet=True)
+        returncode = old.poll()
+        if returncode is None:
+            return
+        self._retiring = None
+        old.clear()
+        if self.warm is not None:
+            self.warm.groups.discard(old.pid)
+        self.job.event(
+            "worker_exit",
+            pid=old.pid,
+            returncode=returncode,
+            signal=signal_name(-returncode) if returncode < 0 else None,
+        )
+        if returncode not in (0, self.options.exit_code):
+            log.warning(
+                "ferry run: worker pid %d exited with %d after it handed its state over: the job "
+                "goes on with worker pid %s",
+                old.pid,
+                returncode,
+                self.worker.pid if self.worker is not None else "?",
+            )
 
     # ------------------------------------------------------------------ after the worker
     def _after_exit(self, worker: WorkerGroup, returncode: int) -> int | None:
@@ -242,6 +423,8 @@ class Supervisor:
         decision = decide(exited, self.options, self.checkpoint_dir)
         for level, note in decision.notes:
             log.log(level, "%s", note)
+        if decision.action != "restart" and self.warm is not None:
+            self.warm.drop(f"worker pid {worker.pid} exited ({returncode}) without handing over")
         if decision.action == "restart":
             self._restart_in_place(decision)
             return None

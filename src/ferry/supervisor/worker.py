@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from ferry.autotrack import BOOT_DIR
 from ferry.knobs import GROUP_EXIT_SECONDS, LEFTOVER_SECONDS, PROCESS_POLL_SECONDS
 from ferry.runtime.procs import group_members, tagged
+from ferry.runtime.warmstart import ENV as WARM_ENV
 from ferry.supervisor.options import RunOptions
 
 log = logging.getLogger("ferry.run")
@@ -65,6 +66,7 @@ def worker_env(
     supervisor relies on. ``handoff_dir``: host memory for the state across an in-place
     restart (None: there is no tmpfs); FERRY_HANDOFF_DIR in ``user`` wins."""
     env = dict(user)
+    env.pop(WARM_ENV, None)  # only a warm worker gets one, from the supervisor (supervisor/warm.py)
     config = options.worker_config(
         dir=checkpoint_dir, job_id=job_id, job_dir=job_dir, handoff_dir=handoff_dir
     )
@@ -123,19 +125,28 @@ class WorkerGroup:
         *,
         locks: tuple[int, ...] = (),
         pdeathsig: int | None = None,
+        stdout: int | None = None,
+        stderr: int | None = None,
     ) -> None:
-        """Start ``command``; OSError when it cannot be. ``locks``: descriptors of flock'ed
-        files the worker holds too; ``pdeathsig``: the signal it gets if the supervisor dies."""
+        """Start ``command``; OSError when it cannot be. ``locks``: descriptors the worker
+        inherits (flock'ed files it holds too; a warm worker's pipes); ``pdeathsig``: the signal
+        it gets if the supervisor dies; ``stdout``, ``stderr``: other than the supervisor's."""
         self.proc = subprocess.Popen(
             list(command),
             start_new_session=True,
             env=dict(env),
             pass_fds=locks,
             preexec_fn=None if pdeathsig is None else die_with_parent(pdeathsig),
+            stdout=stdout,
+            stderr=stderr,
         )
         self.pid = self.proc.pid
         self.sent: set[int] = set()
         """Signals sent to this worker's group (a death by one of them is ferry's doing)."""
+        self.spare: set[int] = set()
+        """Process groups of the job's other workers (during a warm migration: the warm one, the
+        one it took over from): outside this group, and yet no strays of this worker's, to
+        signal or clear. The supervisor shares one set among its workers."""
 
     @property
     def returncode(self) -> int | None:
@@ -146,7 +157,7 @@ class WorkerGroup:
 
     def signal(self, signum: int) -> None:
         """Signal the worker's process group, and the job's processes outside it."""
-        strays = _strays(self.pid)
+        strays = _strays(self.pid, self.spare)
         try:
             os.killpg(self.pid, signum)
         except ProcessLookupError:
@@ -175,7 +186,7 @@ class WorkerGroup:
             if not _wait_group_gone(pgid, LEFTOVER_SECONDS):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pgid, signal.SIGKILL)
-        strays = _strays(pgid)
+        strays = _strays(pgid, self.spare)
         if strays:  # e.g. the ranks of a torchrun agent that was killed
             log.warning(
                 "ferry run: %d process(es) of the job outlived the worker outside its group (%s): "
@@ -189,15 +200,19 @@ class WorkerGroup:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(pid, sig)
                 deadline = time.monotonic() + wait
-                while (strays := _strays(pgid)) and time.monotonic() < deadline:
+                while (strays := _strays(pgid, self.spare)) and time.monotonic() < deadline:
                     time.sleep(PROCESS_POLL_SECONDS)
                 if not strays:
                     break
 
-    def abandon(self, grace: float) -> None:
+    def abandon(self, grace: float, *, quiet: bool = False) -> None:
         """The supervisor is leaving with its worker still running (it failed itself): stop
-        the worker as a scheduler would, rather than leave it orphaned."""
+        the worker as a scheduler would, rather than leave it orphaned. ``quiet``: a worker
+        that is exiting anyway (it handed over to a warm one) gets ``grace`` first."""
         proc = self.proc
+        if quiet:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(grace)
         if proc.poll() is not None:
             return
         log.error("ferry run: the supervisor is exiting early; stopping worker pid %d (SIGTERM)", proc.pid)
@@ -222,10 +237,22 @@ def _group_members(pgid: int) -> list[int]:
     return group_members(pgid) if os.path.isdir("/proc") else [pgid]
 
 
-def _strays(pgid: int) -> list[int]:
-    """Live processes of this supervisor's job outside the worker's group ``pgid``: every
-    process of the job inherits FERRY_SUPERVISOR_PID from the worker's environment."""
-    return tagged(f"FERRY_SUPERVISOR_PID={os.getpid()}", outside_group=pgid)
+def _strays(pgid: int, spare: set[int] | None = None) -> list[int]:
+    """Live processes of this supervisor's job outside the worker's group ``pgid`` and the
+    other workers' groups ``spare``: every process of the job inherits FERRY_SUPERVISOR_PID
+    from the worker's environment."""
+    found = tagged(f"FERRY_SUPERVISOR_PID={os.getpid()}", outside_group=pgid)
+    others = (spare or set()) - {pgid}
+    if not others:
+        return found
+    return [pid for pid in found if _pgid(pid) not in others]
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
 
 
 def _wait_group_gone(pgid: int, seconds: float) -> bool:

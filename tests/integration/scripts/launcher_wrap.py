@@ -3,6 +3,9 @@
 --record-env NAME=FILE  append os.environ[NAME] (or "-") to FILE: which env each start saw
 --crash-once MARKER=N   on the first start only (MARKER does not exist yet), create MARKER
                         and SIGKILL this process at step N: a crash that a restart survives
+--say TEXT              print TEXT first (a setup line: a warm worker's goes to its buffer)
+--hold-warm FILE        in a warm worker (FERRY_WARM set), wait while FILE exists: it cannot
+                        reach its restore point before the test lets it (before --record-env)
 """
 
 from __future__ import annotations
@@ -19,7 +22,17 @@ def main() -> None:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--record-env", default=None)
     p.add_argument("--crash-once", default=None)
+    p.add_argument("--say", default=None)
+    p.add_argument("--hold-warm", default=None)
     hooks, rest = p.parse_known_args()
+    if hooks.say:
+        print(hooks.say, flush=True)
+    if hooks.hold_warm and os.environ.get("FERRY_WARM"):
+        import time
+
+        give_up = time.monotonic() + 300  # a test that failed never lets it go
+        while os.path.exists(hooks.hold_warm) and time.monotonic() < give_up:
+            time.sleep(0.02)
     if hooks.record_env:
         name, _, path = hooks.record_env.partition("=")
         with open(path, "a") as f:

@@ -47,6 +47,7 @@ def main() -> None:
     p.add_argument("--signal-at", type=int, default=-1, help="send SIGUSR1 to self at this step")
     p.add_argument("--request-at", type=int, default=-1, help="ferry.checkpoint(stop=True) here")
     p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--sleep-while", default="", help="sleep (--sleep) only while this file exists")
     p.add_argument("--signal-before-loop", action="store_true", help="SIGUSR1 before step 0")
     p.add_argument("--signal-twice", action="store_true", help="SIGUSR1 then SIGTERM at --signal-at")
     p.add_argument("--killpg-at", type=int, default=-1, help="SIGTERM to the process group")
@@ -107,7 +108,7 @@ def main() -> None:
                     sched.step()
             noise = torch.rand(1).item() + random.random() + float(np.random.rand())
             history["losses"].append(f"{step} {loss.item().hex()} {noise.hex()}")
-            if args.sleep:
+            if args.sleep and (not args.sleep_while or os.path.exists(args.sleep_while)):
                 import time
 
                 time.sleep(args.sleep)
