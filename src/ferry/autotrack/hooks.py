@@ -1,8 +1,10 @@
 """Zero-code hooks, armed by ferry's sitecustomize when ``FERRY_AUTOTRACK=1``.
 
 Narrow hook points only: ``DataLoader.__iter__`` (each loader is tracked the first time it
-is iterated) and torch's global optimizer step hook (it tells which loader feeds
-training). No builtins are patched, no bound methods replaced.
+is iterated), torch's global optimizer step hook (it tells which loader feeds training,
+and is the safe point where no loader does) and, until an optimizer steps or a loader
+drives training, torch's global module forward pre-hook (the safe point of a model
+trained by hand, ``stepping.py``). No builtins are patched, no bound methods replaced.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ferry.runtime.signals import SignalRequests
 
 log = logging.getLogger("ferry")
 _early_signals: SignalRequests | None = None
+_stepper: Any = None
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -63,11 +66,16 @@ def arm() -> None:
 def _install() -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
+    from ferry.autotrack.keeper import LoopKeeper
+    from ferry.autotrack.stepping import Stepper
     from ferry.state import loader
 
+    global _stepper
+    _stepper = Stepper(LoopKeeper(), _session)
     loader.auto_track = _auto_track
     loader.install_iter_hook()
     register_optimizer_step_post_hook(_after_optimizer_step)
+    _stepper.arm_forward()
 
 
 def _session() -> Any:
@@ -81,8 +89,10 @@ def _session() -> Any:
         except FerryError as exc:  # the script never called ferry: no traceback into its loop
             sys.stderr.write(f"ferry: error: {exc}\n")
             raise SystemExit(1) from None
-        current.discover = discover
+        stepper = _stepper
+        current.discover = lambda: {**discover(), **stepper.found()}
         current.uncaptured = uncaptured_rngs
+        current.loop = stepper.keeper
         session_module.adopt(current)
     return current
 
@@ -96,3 +106,4 @@ def _auto_track(dataloader: Any) -> Any:
 
 def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     _session().note_optimizer_step()
+    _stepper.after_optimizer_step()

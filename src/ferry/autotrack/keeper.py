@@ -1,0 +1,91 @@
+"""The session's handle on the training loop's frames (zero-code mode): what made the safe
+point, the frames' plain state at each checkpoint, and its restore. ``frames.py`` does the
+reading and writing; this module decides when, and tells the user what it cannot do."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+
+from ferry.autotrack import frames
+
+log = logging.getLogger("ferry")
+
+
+def _owned(objects: dict[str, Any]) -> set[int]:
+    """Ids and storage addresses of the tensors the tracked objects own: a local holding one
+    of them is an alias to keep, never a value to copy and rebind."""
+    owned: set[int] = set()
+
+    def add(t: Any) -> None:
+        if isinstance(t, torch.Tensor):
+            owned.add(id(t))
+            try:
+                owned.add(t.untyped_storage().data_ptr())
+            except (RuntimeError, NotImplementedError):
+                pass
+            if t.grad is not None:
+                add(t.grad)
+
+    for obj in objects.values():
+        if isinstance(obj, nn.Module):
+            for t in [*obj.parameters(), *obj.buffers()]:
+                add(t)
+        elif isinstance(obj, torch.optim.Optimizer):
+            for per_param in obj.state.values():
+                for t in per_param.values():
+                    add(t)
+    return owned
+
+
+class LoopKeeper:
+    """Captures and restores the loop's frames for one session."""
+
+    def __init__(self) -> None:
+        self.by = "loader"
+        """What makes the safe points: a loader's batch requests, optimizer steps, or the
+        root model's forward ("loader", "optimizer", "forward")."""
+        self.model: str | None = None
+        """With "forward": the name of the model whose forward is the safe point."""
+        self._reported: set[str] = set()
+
+    def capture(self, objects: dict[str, Any]) -> dict[str, Any]:
+        state, problems = frames.capture(sys._getframe(1), _owned(objects))
+        self._report([p.line() for p in problems])
+        return {"by": self.by, "model": self.model, "frames": state}
+
+    def examine(self, objects: dict[str, Any]) -> None:
+        """At the first safe point, before any save: say what the checkpoints will miss."""
+        self.capture(objects)
+
+    def matches(self, saved: dict[str, Any]) -> bool:
+        """Is this (the resumed process, before its restore point) the loop the checkpoint
+        was taken in, frame for frame?"""
+        here = frames.loop_frames(sys._getframe(1))
+        return bool(saved.get("frames")) and frames.mismatch(saved["frames"], here) is None
+
+    def restore(self, saved: dict[str, Any]) -> dict[int, Any]:
+        """Put the loop's state back; returns the replaced values (id -> new value)."""
+        here = frames.loop_frames(sys._getframe(1))
+        why = frames.mismatch(saved.get("frames") or [], here)
+        if why is not None:
+            self._report(
+                [
+                    f"ferry: warning: the loop's counters and positions are not restored: {why}; "
+                    "counters in plain Python restart (keep them in tracked state: `ferry.track(...)`)"
+                ]
+            )
+            return {}
+        swapped, failed = frames.restore(saved["frames"], here)
+        self._report([f"ferry: warning: not restored: {what}" for what in failed])
+        return swapped
+
+    def _report(self, lines: list[str]) -> None:
+        for line in lines:
+            if line not in self._reported:
+                self._reported.add(line)
+                sys.stderr.write(line + "\n")

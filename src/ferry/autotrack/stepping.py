@@ -1,0 +1,109 @@
+"""Safe points for scripts without a DataLoader (zero-code mode).
+
+- With ``torch.optim``: the end of each optimizer step (torch's global step post-hook),
+  while no loader drives training. The resumed process restores at its first optimizer
+  step, overwriting what that step did (weights, optimizer, gradients, RNG streams and the
+  loop's frames, the loss it computed included).
+- Without any optimizer (``p.data.add_(p.grad, alpha=-lr)``): the forward of the root
+  model, when a backward has run since its last forward and gradients are enabled, i.e.
+  provably between two steps. The root model is the module called while its parameters
+  hold gradients (it owns what was trained). The resumed process restores at the first
+  forward of a module of the same class, and hands the forward the saved batch in place
+  of the one its not yet restored loop had computed.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from ferry.autotrack.keeper import LoopKeeper
+
+Session = Any  # ferry.session.Session: typed loosely, the session is made lazily by hooks.py
+
+
+class Stepper:
+    """Decides, at optimizer steps and module forwards, whether this is a safe point."""
+
+    def __init__(self, keeper: LoopKeeper, session: Callable[[], Session]) -> None:
+        self.keeper, self.session = keeper, session
+        self.root: nn.Module | None = None
+        self.forward_handle: RemovableHandle | None = None
+        self._backward_seen = False
+        self._optimizer_steps = False
+
+    # ---------------------------------------------------------------- optimizer steps
+    def after_optimizer_step(self) -> None:
+        session = self.session()
+        self._optimizer_steps = True
+        self._stop_forward()
+        if session.driver is not None:
+            return  # a loader drives training: its batch requests are the safe points
+        self.keeper.by = "optimizer"
+        if session.restore_at("optimizer"):
+            return  # restored to the state right after the saved step
+        session.step_safe_point()
+
+    # ---------------------------------------------------------------- model forwards
+    def arm_forward(self) -> None:
+        self.forward_handle = nn.modules.module.register_module_forward_pre_hook(self._before_forward)
+
+    def _stop_forward(self) -> None:
+        if self.forward_handle is not None:
+            self.forward_handle.remove()
+            self.forward_handle = None
+
+    def _before_forward(self, module: nn.Module, args: Any) -> Any:
+        if self._optimizer_steps or not torch.is_grad_enabled():
+            return None
+        if self.root is None:
+            if not self._find_root(module):
+                return None
+        elif module is not self.root or not self._backward_seen:
+            return None
+        session = self.session()
+        if session.driver is not None:
+            self._stop_forward()
+            return None
+        self._backward_seen = False
+        self.keeper.by, self.keeper.model = "forward", _model_name(self.root)
+        if session.restore_at("forward"):
+            swapped = session.swapped
+            return tuple(swapped.get(id(a), a) for a in args)
+        session.step_safe_point()
+        return None
+
+    def _find_root(self, module: nn.Module) -> bool:
+        """Is ``module`` the model trained by hand: called with gradients on its parameters
+        (after a backward), with no optimizer anywhere; or, before its restore, the class of
+        the model the checkpoint was taken with?"""
+        params = list(module.parameters())
+        trained = next((p for p in params if p.grad is not None), None)
+        if trained is None:
+            saved = self.session().saved_loop() if params else None
+            if saved is None or saved.get("by") != "forward" or saved.get("model") != _model_name(module):
+                return False
+        elif any(issubclass(type(o), torch.optim.Optimizer) for o in gc.get_objects()):
+            self._optimizer_steps = True  # the optimizer's steps will be the safe points
+            self._stop_forward()
+            return False
+        self.root = module
+        hook_on = trained if trained is not None else next((p for p in params if p.requires_grad), params[0])
+        hook_on.register_post_accumulate_grad_hook(self._after_backward)
+        return True
+
+    def _after_backward(self, param: torch.Tensor) -> None:
+        self._backward_seen = True
+
+    def found(self) -> dict[str, Any]:
+        """The model trained by hand, by the name the checkpoint gives it."""
+        return {} if self.root is None else {_model_name(self.root): self.root}
+
+
+def _model_name(module: nn.Module) -> str:
+    return f"model:{type(module).__qualname__}:0"
