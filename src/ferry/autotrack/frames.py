@@ -169,11 +169,6 @@ def _unsupported(state: dict[str, Any]) -> str | None:
     return None
 
 
-def _is_iterator(value: Any) -> bool:
-    cls = type(value)
-    return hasattr(cls, "__next__") and getattr(cls, "__iter__", None) is not None
-
-
 @dataclass
 class Problem:
     """Something in the loop's frames zero-code mode sees but cannot capture."""
@@ -218,7 +213,7 @@ def _frame_state(frame: FrameType, root: str, params: set[int], seen: _Seen) -> 
         elif _own_class(value, root):
             attrs[name] = {k: v for k, v in vars(value).items() if _scalar(v)}
     loops: list[dict[str, Any]] = []
-    live = stack.live_stack(frame)
+    live = stack.loop_iterators(frame)
     if live is None and sys.version_info < (3, 11):
         seen.problems.append(
             Problem(
@@ -229,9 +224,7 @@ def _frame_state(frame: FrameType, root: str, params: set[int], seen: _Seen) -> 
                 "count steps with `ferry.global_step` instead of a loop counter",
             )
         )
-    for slot, value in enumerate(live or []):
-        if value is None or not _is_iterator(value) or isinstance(value, (torch.Tensor, str)):
-            continue
+    for slot, value in sorted((live or {}).items()):
         state = _loop_state(value)
         state["slot"] = slot
         loops.append(state)
@@ -320,11 +313,10 @@ def _write_locals(frame: FrameType, names: dict[str, Any], updates: dict[str, An
 def _restore_loops(saved: list[dict[str, Any]], frame: FrameType) -> list[str]:
     if not saved:
         return []
-    live = stack.live_stack(frame)
+    live = stack.loop_iterators(frame) or {}
     failed = []
     for state in saved:
-        slot = int(state["slot"])
-        it = live[slot] if live is not None and slot < len(live) else None
+        it = live.get(int(state["slot"]))
         if it is None or not _set(it, state):
             failed.append(f"{_where(frame)}: the position of its {state['kind'].lstrip('?')} loop")
     return failed

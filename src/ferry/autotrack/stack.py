@@ -90,6 +90,33 @@ def live_stack(frame: FrameType) -> list[Any] | None:
     return _live(frame)
 
 
+@cache
+def _loops(code: CodeType) -> list[tuple[int, int, int]]:
+    """(first offset, end offset, stack slot of the iterator) of each ``for`` loop."""
+    depths = _depths(code)
+    return [
+        (ins.offset, int(ins.argval), depths[ins.offset] - 1)
+        for ins in dis.get_instructions(code)
+        if ins.opname == "FOR_ITER" and ins.offset in depths
+    ]
+
+
+def loop_iterators(frame: FrameType) -> dict[int, Any] | None:
+    """The iterators of the ``for`` loops ``frame`` is inside, by stack slot (outermost
+    first); None where the stack cannot be read."""
+    live = live_stack(frame)
+    if live is None:
+        return None
+    offsets = _offsets(frame.f_code)
+    at = bisect.bisect_right(offsets, frame.f_lasti) - 1
+    here = offsets[at] if at >= 0 else -1
+    return {
+        slot: live[slot]
+        for start, end, slot in _loops(frame.f_code)
+        if start <= here < end and 0 <= slot < len(live) and live[slot] is not None
+    }
+
+
 def _depth_at(code: CodeType, lasti: int) -> int | None:
     """Depth before the instruction holding ``lasti`` (which may point into its inline
     caches: a frame that is calling reports the call's last cache entry)."""

@@ -6,9 +6,9 @@
   loop's frames, the loss it computed included).
 - Without any optimizer (``p.data.add_(p.grad, alpha=-lr)``): the forward of the root
   model, when a backward has run since its last forward and gradients are enabled, i.e.
-  provably between two steps. The root model is the module called while its parameters
-  hold gradients (it owns what was trained). The resumed process restores at the first
-  forward of a module of the same class, and hands the forward the saved batch in place
+  provably between two steps. The root model is the first module called with gradients
+  enabled that has trainable parameters; its backward is seen on one of them. The
+  resumed process restores at the first forward of a module of the same class, and hands the forward the saved batch in place
   of the one its not yet restored loop had computed.
 """
 
@@ -36,6 +36,7 @@ class Stepper:
         self.forward_handle: RemovableHandle | None = None
         self._backward_seen = False
         self._optimizer_steps = False
+        self._checked = False
 
     # ---------------------------------------------------------------- optimizer steps
     def after_optimizer_step(self) -> None:
@@ -62,39 +63,48 @@ class Stepper:
         if self._optimizer_steps or not torch.is_grad_enabled():
             return None
         if self.root is None:
-            if not self._find_root(module):
+            if not self._adopt(module):
                 return None
+            saved = self.session().saved_loop()
+            if saved is None or saved.get("by") != "forward" or saved.get("model") != _model_name(module):
+                return None  # a fresh run's first forward: not between two steps
         elif module is not self.root or not self._backward_seen:
+            return None
+        elif not self._no_optimizer():
             return None
         session = self.session()
         if session.driver is not None:
             self._stop_forward()
             return None
         self._backward_seen = False
-        self.keeper.by, self.keeper.model = "forward", _model_name(self.root)
+        self.keeper.by, self.keeper.model = "forward", _model_name(module)
         if session.restore_at("forward"):
             swapped = session.swapped
             return tuple(swapped.get(id(a), a) for a in args)
         session.step_safe_point()
         return None
 
-    def _find_root(self, module: nn.Module) -> bool:
-        """Is ``module`` the model trained by hand: called with gradients on its parameters
-        (after a backward), with no optimizer anywhere; or, before its restore, the class of
-        the model the checkpoint was taken with?"""
-        params = list(module.parameters())
-        trained = next((p for p in params if p.grad is not None), None)
-        if trained is None:
-            saved = self.session().saved_loop() if params else None
-            if saved is None or saved.get("by") != "forward" or saved.get("model") != _model_name(module):
-                return False
-        elif any(issubclass(type(o), torch.optim.Optimizer) for o in gc.get_objects()):
-            self._optimizer_steps = True  # the optimizer's steps will be the safe points
-            self._stop_forward()
+    def _adopt(self, module: nn.Module) -> bool:
+        """The first module called with gradients enabled that has trainable parameters is
+        the model (module pre-hooks run outermost first); its backward is watched on one
+        parameter, which marks the next forward as one between two steps."""
+        trainable = next((p for p in module.parameters() if p.requires_grad), None)
+        if trainable is None:
             return False
         self.root = module
-        hook_on = trained if trained is not None else next((p for p in params if p.requires_grad), params[0])
-        hook_on.register_post_accumulate_grad_hook(self._after_backward)
+        trainable.register_post_accumulate_grad_hook(self._after_backward)
+        return True
+
+    def _no_optimizer(self) -> bool:
+        """Checked once, at the first forward after a backward: with an optimizer alive (its
+        first step still to come: gradient accumulation), its steps are the safe points."""
+        if self._checked:
+            return True
+        self._checked = True
+        if any(issubclass(type(o), torch.optim.Optimizer) for o in gc.get_objects()):
+            self._optimizer_steps = True
+            self._stop_forward()
+            return False
         return True
 
     def _after_backward(self, param: torch.Tensor) -> None:
