@@ -33,7 +33,9 @@ IDIOMS = [
 ]
 
 
-@pytest.mark.parametrize(("script", "args", "stops", "resumed"), [i[1:] for i in IDIOMS], ids=[i[0] for i in IDIOMS])
+@pytest.mark.parametrize(
+    ("script", "args", "stops", "resumed"), [i[1:] for i in IDIOMS], ids=[i[0] for i in IDIOMS]
+)
 def test_idiom_resumes_as_the_plain_run(
     script: str,
     args: tuple[str, ...],
@@ -53,7 +55,9 @@ def test_idiom_resumes_as_the_plain_run(
         printed, errors = printed + proc.stdout, errors + proc.stderr
         codes.append(proc.returncode)
     assert codes == [85] * len(resumed) + [0], errors
-    assert [int(line.split()[6]) for line in errors.splitlines() if line.startswith("ferry: resumed from")] == resumed
+    assert [
+        int(line.split()[6]) for line in errors.splitlines() if line.startswith("ferry: resumed from")
+    ] == resumed
     assert "warning" not in errors, errors  # nothing it could not capture, nothing left unrestored
     assert printed == (ref.parent / "stdout.txt").read_text()
     assert (out / "params.txt").read_text() == (ref / "params.txt").read_text()

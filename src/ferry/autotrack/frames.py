@@ -43,7 +43,13 @@ _MAX_TUPLE = 8
 _MAX_TENSOR_BYTES = 16 << 20
 """Bigger tensors in the loop's frames are taken for data the script loads the same way
 again (a tokenized corpus), not for state; they are left as the resumed run made them."""
-_POSITIONED = {"range_iterator", "longrange_iterator", "list_iterator", "tuple_iterator", "list_reverseiterator"}
+_POSITIONED = {
+    "range_iterator",
+    "longrange_iterator",
+    "list_iterator",
+    "tuple_iterator",
+    "list_reverseiterator",
+}
 _WRAPPERS = {"enumerate", "zip", "map"}
 _FERRY_ITERS = {"TrackedIter", "_FastForward"}
 _FERRY_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -89,7 +95,8 @@ def loop_frames(start: FrameType | None) -> list[FrameType]:
 
 def _where(frame: FrameType) -> str:
     code = frame.f_code
-    return f"{os.path.basename(code.co_filename)}:{frame.f_lineno} (in {getattr(code, 'co_qualname', code.co_name)})"
+    name = getattr(code, "co_qualname", code.co_name)
+    return f"{os.path.basename(code.co_filename)}:{frame.f_lineno} (in {name})"
 
 
 def _scalar(value: Any) -> bool:
@@ -254,7 +261,10 @@ def _frame_state(frame: FrameType, root: str, params: set[int], seen: _Seen) -> 
 def mismatch(saved: list[dict[str, Any]], frames: list[FrameType]) -> str | None:
     """Why ``frames`` (the resumed process's) are not the frames ``saved`` was taken in."""
     if len(saved) != len(frames):
-        return f"the checkpoint's loop ran in {len(saved)} frames of the script, the resumed one in {len(frames)}"
+        return (
+            f"the checkpoint's loop ran in {len(saved)} frames of the script, "
+            f"the resumed one in {len(frames)}"
+        )
     for state, frame in zip(saved, frames, strict=True):
         if (state["file"], state["qualname"], state["line"]) != _key(frame):
             return (
@@ -325,14 +335,15 @@ def _restore_loops(saved: list[dict[str, Any]], frame: FrameType) -> list[str]:
 def _set(it: Any, state: dict[str, Any]) -> bool:
     kind = type(it).__name__
     if kind in _FERRY_ITERS:
-        return state["kind"] == "loader"
-    if kind != state["kind"]:
-        return False
+        return bool(state["kind"] == "loader")
     at = state.get("at")
+    if kind != state["kind"] or (kind in _WRAPPERS and not isinstance(at, dict)):
+        return False
     if kind in _POSITIONED:
         if at is not None:
             it.__setstate__(at)
         return True
+    assert isinstance(at, dict)
     if kind == "enumerate":
         inner = it.__reduce__()[1][0]
         return _set(inner, at["inner"]) and stack.set_enumerate_count(it, int(at["count"]))

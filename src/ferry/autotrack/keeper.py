@@ -4,6 +4,7 @@ reading and writing; this module decides when, and tells the user what it cannot
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from typing import Any
@@ -24,10 +25,8 @@ def _owned(objects: dict[str, Any]) -> set[int]:
     def add(t: Any) -> None:
         if isinstance(t, torch.Tensor):
             owned.add(id(t))
-            try:
+            with contextlib.suppress(RuntimeError, NotImplementedError):  # no storage (meta)
                 owned.add(t.untyped_storage().data_ptr())
-            except (RuntimeError, NotImplementedError):
-                pass
             if t.grad is not None:
                 add(t.grad)
 

@@ -46,7 +46,8 @@ def _depths(code: CodeType) -> dict[int, int]:
     index = {ins.offset: i for i, ins in enumerate(instructions)}
     depth: dict[int, int] = {}
     work: list[tuple[int, int]] = [(0, 0)]
-    handlers = [(e.start, e.end, e.target, e.depth, e.lasti) for e in dis.Bytecode(code).exception_entries]
+    entries = getattr(dis.Bytecode(code), "exception_entries", [])  # 3.11+: the exception table
+    handlers = [(e.start, e.end, e.target, e.depth, e.lasti) for e in entries]
     while work:
         i, d = work.pop()
         while i < len(instructions):

@@ -8,8 +8,8 @@
   model, when a backward has run since its last forward and gradients are enabled, i.e.
   provably between two steps. The root model is the first module called with gradients
   enabled that has trainable parameters; its backward is seen on one of them. The
-  resumed process restores at the first forward of a module of the same class, and hands the forward the saved batch in place
-  of the one its not yet restored loop had computed.
+  resumed process restores at the first forward of a module of the same class, and hands
+  the forward the saved batch in place of the one its not yet restored loop had computed.
 """
 
 from __future__ import annotations
@@ -68,9 +68,7 @@ class Stepper:
             saved = self.session().saved_loop()
             if saved is None or saved.get("by") != "forward" or saved.get("model") != _model_name(module):
                 return None  # a fresh run's first forward: not between two steps
-        elif module is not self.root or not self._backward_seen:
-            return None
-        elif not self._no_optimizer():
+        elif module is not self.root or not self._backward_seen or not self._no_optimizer():
             return None
         session = self.session()
         if session.driver is not None:
@@ -92,7 +90,7 @@ class Stepper:
         if trainable is None:
             return False
         self.root = module
-        trainable.register_post_accumulate_grad_hook(self._after_backward)
+        trainable.register_post_accumulate_grad_hook(self._after_backward)  # type: ignore[no-untyped-call]
         return True
 
     def _no_optimizer(self) -> bool:

@@ -35,7 +35,12 @@ train_data, val_data = batchify(tokens[:200], BSZ), batchify(tokens[200:], BSZ)
 class TinyRNN(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.emb, self.rec, self.out, self.drop = nn.Embedding(V, H), nn.Linear(H, H), nn.Linear(H, V), nn.Dropout(0.2)
+        self.emb, self.rec, self.out, self.drop = (
+            nn.Embedding(V, H),
+            nn.Linear(H, H),
+            nn.Linear(H, V),
+            nn.Dropout(0.2),
+        )
 
     def forward(self, x, h):  # type: ignore[no-untyped-def]
         outs = []
@@ -78,7 +83,9 @@ def train(epoch):  # type: ignore[no-untyped-def]
             optimizer.step()
         total_loss += loss.item()
         step += 1
-        print(f"| epoch {epoch} | {batch:3d}/{len(train_data) // BPTT} batches | lr {lr:.4f} | loss {loss.item():.8f} | total {total_loss:.8f}")
+        print(
+            f"| epoch {epoch} | {batch:3d}/{len(train_data) // BPTT} batches | lr {lr:.4f} | loss {loss.item():.8f} | total {total_loss:.8f}"
+        )
         if step in STOP_AT:  # the tests' stand-in for a scheduler's SIGTERM
             os.kill(os.getpid(), signal.SIGTERM)
 

@@ -22,7 +22,9 @@ class Trainer:
         x = torch.randn(96, 5)
         y = (x[:, :2].sum(1) > 0).long()
         data = TensorDataset(x, y)
-        self.loader = DataLoader(data, batch_size=8, sampler=RandomSampler(data, replacement=True, num_samples=40))
+        self.loader = DataLoader(
+            data, batch_size=8, sampler=RandomSampler(data, replacement=True, num_samples=40)
+        )
         self.model = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 2))
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
         self.iter_num = 0
