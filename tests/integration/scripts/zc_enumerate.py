@@ -26,9 +26,8 @@ def train(args, model, train_loader, optimizer, epoch):  # type: ignore[no-untyp
         optimizer.step()
         if batch_idx % args.log_interval == 0:
             done, total = batch_idx * len(data), len(train_loader.dataset)
-            print(
-                f"Train Epoch: {epoch} [{done}/{total} ({100.0 * batch_idx / len(train_loader):.0f}%)]\tLoss: {loss.item():.8f}"
-            )
+            pct = 100.0 * batch_idx / len(train_loader)
+            print(f"Train Epoch: {epoch} [{done}/{total} ({pct:.0f}%)]\tLoss: {loss.item():.8f}")
         if epoch * 100 + batch_idx in STOP_AT:  # the tests' stand-in for a scheduler's SIGTERM
             os.kill(os.getpid(), signal.SIGTERM)
         if batch_idx >= args.max_steps:

@@ -84,7 +84,8 @@ def train(epoch):  # type: ignore[no-untyped-def]
         total_loss += loss.item()
         step += 1
         print(
-            f"| epoch {epoch} | {batch:3d}/{len(train_data) // BPTT} batches | lr {lr:.4f} | loss {loss.item():.8f} | total {total_loss:.8f}"
+            f"| epoch {epoch} | {batch:3d}/{len(train_data) // BPTT} batches | lr {lr:.4f} "
+            f"| loss {loss.item():.8f} | total {total_loss:.8f}"
         )
         if step in STOP_AT:  # the tests' stand-in for a scheduler's SIGTERM
             os.kill(os.getpid(), signal.SIGTERM)
