@@ -191,17 +191,52 @@ class Problem:
 @dataclass
 class _Seen:
     problems: list[Problem] = field(default_factory=list)
+    containers: dict[str, tuple[int, str, int]] = field(default_factory=dict)
+    """Lists and dicts of plain values in the loop's frames: path -> (fingerprint, where)."""
 
 
-def capture(start: FrameType | None, params: set[int]) -> tuple[list[dict[str, Any]], list[Problem]]:
-    """The loop's frames' plain state, outermost first, and what could not be captured."""
+@dataclass
+class Captured:
+    frames: list[dict[str, Any]]
+    """The loop's frames' plain state, outermost first."""
+    problems: list[Problem]
+    """What could not be captured."""
+    containers: dict[str, tuple[int, str, int]]
+    """Lists and dicts of plain values the frames hold, which are not captured: a change to
+    one between two checkpoints is reported (``LoopKeeper``)."""
+
+
+def capture(start: FrameType | None, params: set[int]) -> Captured:
     root = _user_root()
     seen = _Seen()
     frames = []
     for frame in loop_frames(start):
         assert root is not None
         frames.append(_frame_state(frame, root, params, seen))
-    return frames, seen.problems
+    return Captured(frames, seen.problems, seen.containers)
+
+
+def _fingerprint(value: Any) -> int | None:
+    """A hash of a list, set or dict of plain values; None for anything else."""
+    if isinstance(value, dict):
+        items: Any = value.items()
+        flat = [x for kv in items for x in kv]
+    elif isinstance(value, (list, set)):
+        flat = list(value)
+    else:
+        return None
+    if len(flat) > 100_000 or not all(_scalar(x) for x in flat):
+        return None
+    try:
+        return hash((type(value).__name__, tuple(sorted(flat, key=repr) if isinstance(value, set) else flat)))
+    except TypeError:
+        return None
+
+
+def _watch(seen: _Seen, where: str, value: Any, name: str) -> None:
+    print_ = _fingerprint(value)
+    if print_ is not None:
+        seen.containers[where] = (print_, name, id(value))
 
 
 def _frame_state(frame: FrameType, root: str, params: set[int], seen: _Seen) -> dict[str, Any]:
@@ -213,12 +248,17 @@ def _frame_state(frame: FrameType, root: str, params: set[int], seen: _Seen) -> 
     for name, value in list(names.items()):
         if name.startswith("__"):
             continue
+        where = f"{_where(frame)}: `{name}`"
         if _scalar(value):
             values[name] = value
-        elif not module and _tensor_like(value, params):
+        elif _tensor_like(value, params):
             tensors[name] = _copy(value)
         elif _own_class(value, root):
             attrs[name] = {k: v for k, v in vars(value).items() if _scalar(v)}
+            for attr, v in vars(value).items():
+                _watch(seen, f"{where[:-1]}.{attr}`", v, f"{name}.{attr}")
+        else:
+            _watch(seen, where, value, name)
     loops: list[dict[str, Any]] = []
     live = stack.loop_iterators(frame)
     if live is None and sys.version_info < (3, 11):

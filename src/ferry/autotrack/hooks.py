@@ -68,10 +68,12 @@ def _install() -> None:
 
     from ferry.autotrack.keeper import LoopKeeper
     from ferry.autotrack.stepping import Stepper
+    from ferry.session import api
     from ferry.state import loader
 
     global _stepper
     _stepper = Stepper(LoopKeeper(), _session)
+    api.factory = _make
     loader.auto_track = _auto_track
     loader.install_iter_hook()
     register_optimizer_step_post_hook(_after_optimizer_step)
@@ -79,21 +81,27 @@ def _install() -> None:
 
 
 def _session() -> Any:
+    from ferry.session import api
+
+    api.factory = _make
+    return api.current(create=True)
+
+
+def _make() -> Any:
+    """The process's session, wired for zero-code mode (also when the script itself starts
+    it, with ``ferry.track``)."""
     from ferry import session as session_module
     from ferry.autotrack.discovery import discover, uncaptured_rngs
 
-    current = session_module.current(create=False)
-    if current is None:
-        try:
-            current = session_module.Session(signals=_early_signals)
-        except FerryError as exc:  # the script never called ferry: no traceback into its loop
-            sys.stderr.write(f"ferry: error: {exc}\n")
-            raise SystemExit(1) from None
-        stepper = _stepper
-        current.discover = lambda: {**discover(), **stepper.found()}
-        current.uncaptured = uncaptured_rngs
-        current.loop = stepper.keeper
-        session_module.adopt(current)
+    try:
+        current = session_module.Session(signals=_early_signals)
+    except FerryError as exc:  # the script never called ferry: no traceback into its loop
+        sys.stderr.write(f"ferry: error: {exc}\n")
+        raise SystemExit(1) from None
+    stepper = _stepper
+    current.discover = lambda: {**discover(), **stepper.found()}
+    current.uncaptured = uncaptured_rngs
+    current.loop = stepper.keeper
     return current
 
 

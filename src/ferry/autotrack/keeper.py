@@ -51,15 +51,36 @@ class LoopKeeper:
         self.model: str | None = None
         """With "forward": the name of the model whose forward is the safe point."""
         self._reported: set[str] = set()
+        self._containers: dict[str, tuple[int, str, int]] | None = None
 
     def capture(self, objects: dict[str, Any]) -> dict[str, Any]:
-        state, problems = frames.capture(sys._getframe(1), _owned(objects))
-        self._report([p.line() for p in problems])
-        return {"by": self.by, "model": self.model, "frames": state}
+        found = frames.capture(sys._getframe(1), _owned(objects))
+        self._report([p.line() for p in found.problems])
+        tracked = {id(o) for o in objects.values()}  # ferry.track(losses=losses) captures it
+        self._check_containers({k: v for k, v in found.containers.items() if v[2] not in tracked})
+        return {"by": self.by, "model": self.model, "frames": found.frames}
 
     def examine(self, objects: dict[str, Any]) -> None:
-        """At the first safe point, before any save: say what the checkpoints will miss."""
+        """At the first safe point, before any save: say what the checkpoints will miss, and
+        note the lists and dicts the loop holds, to tell at each checkpoint which of them
+        training changes."""
         self.capture(objects)
+
+    def _check_containers(self, now: dict[str, tuple[int, str, int]]) -> None:
+        if self._containers is None:
+            self._containers = now
+            return
+        for where, (print_, name, _) in now.items():
+            before = self._containers.get(where)
+            if before is not None and before[0] != print_:
+                self._report(
+                    [
+                        f"ferry: warning: {where} ({type_word(name)}) changes during training and "
+                        "zero-code mode does not capture it: after a resume it holds only what the "
+                        f"resumed run puts in; to make it exact: `ferry.track({_arg(name)}={name})`"
+                    ]
+                )
+        self._containers.update({k: v for k, v in now.items() if k not in self._containers})
 
     def matches(self, saved: dict[str, Any]) -> bool:
         """Is this (the resumed process, before its restore point) the loop the checkpoint
@@ -88,3 +109,11 @@ class LoopKeeper:
             if line not in self._reported:
                 self._reported.add(line)
                 sys.stderr.write(line + "\n")
+
+
+def type_word(name: str) -> str:
+    return "an attribute" if "." in name else "a local"
+
+
+def _arg(name: str) -> str:
+    return name.rsplit(".", 1)[-1]

@@ -52,15 +52,19 @@ class Stepper:
 
     # ---------------------------------------------------------------- model forwards
     def arm_forward(self) -> None:
-        self.forward_handle = nn.modules.module.register_module_forward_pre_hook(self._before_forward)
+        global _ACTIVE
+        _ACTIVE = self
+        self.forward_handle = nn.modules.module.register_module_forward_pre_hook(_before_forward)
 
     def _stop_forward(self) -> None:
         if self.forward_handle is not None:
             self.forward_handle.remove()
             self.forward_handle = None
 
-    def _before_forward(self, module: nn.Module, args: Any) -> Any:
+    def before_forward(self, module: nn.Module, args: Any) -> Any:
         if self._optimizer_steps or not torch.is_grad_enabled():
+            return None
+        if not self._checked and not self._first_look():
             return None
         if self.root is None:
             if not self._adopt(module):
@@ -68,12 +72,9 @@ class Stepper:
             saved = self.session().saved_loop()
             if saved is None or saved.get("by") != "forward" or saved.get("model") != _model_name(module):
                 return None  # a fresh run's first forward: not between two steps
-        elif module is not self.root or not self._backward_seen or not self._no_optimizer():
+        elif module is not self.root or not self._backward_seen:
             return None
         session = self.session()
-        if session.driver is not None:
-            self._stop_forward()
-            return None
         self._backward_seen = False
         self.keeper.by, self.keeper.model = "forward", _model_name(module)
         if session.restore_at("forward"):
@@ -93,13 +94,15 @@ class Stepper:
         trainable.register_post_accumulate_grad_hook(self._after_backward)  # type: ignore[no-untyped-call]
         return True
 
-    def _no_optimizer(self) -> bool:
-        """Checked once, at the first forward after a backward: with an optimizer alive (its
-        first step still to come: gradient accumulation), its steps are the safe points."""
-        if self._checked:
-            return True
+    def _first_look(self) -> bool:
+        """At the first forward (of the outermost module, eagerly): with a loader driving
+        training or an optimizer alive, those make the safe points and the hook goes away
+        at once, before ``torch.compile`` traces a forward with it (removing it later would
+        recompile)."""
         self._checked = True
-        if any(issubclass(type(o), torch.optim.Optimizer) for o in gc.get_objects()):
+        if self.session().driver is not None or any(
+            issubclass(type(o), torch.optim.Optimizer) for o in gc.get_objects()
+        ):
             self._optimizer_steps = True
             self._stop_forward()
             return False
@@ -115,3 +118,19 @@ class Stepper:
 
 def _model_name(module: nn.Module) -> str:
     return f"model:{type(module).__qualname__}:0"
+
+
+_ACTIVE: Stepper | None = None
+
+
+def _before_forward(module: nn.Module, args: Any) -> Any:
+    """The global forward pre-hook. While ``torch.compile`` traces a forward it does nothing
+    (and reaches no ferry object), so the compiled graph holds no trace of it."""
+    if _is_compiling():
+        return None
+    return None if _ACTIVE is None else _ACTIVE.before_forward(module, args)
+
+
+def _is_compiling() -> bool:
+    check = getattr(torch.compiler, "is_compiling", None)
+    return bool(check()) if check is not None else False

@@ -181,7 +181,7 @@ class Session(Hooks):
                 self.driver = self.loaders[found.state.driver]
             for tracker in new_loaders:
                 found.resume_loader(tracker, relative=False, driver=tracker is self.driver)
-        else:
+        elif self.loop is None:  # zero-code mode restores at the loop's restore point
             self.restore()
 
     def saved_state(self, name: str) -> Any:
