@@ -81,9 +81,10 @@ def _key(frame: FrameType) -> tuple[str, str, int]:
     return (code.co_filename, getattr(code, "co_qualname", code.co_name), code.co_firstlineno)
 
 
-def loop_frames(start: FrameType | None) -> list[FrameType]:
-    """The script's frames from ``start`` up to its module frame, outermost first."""
-    root = _user_root()
+def loop_frames(start: FrameType | None, root: str | None = None) -> list[FrameType]:
+    """The script's frames from ``start`` up to its module frame, outermost first; the
+    script's files are those under ``root`` (by default the folder of ``__main__``)."""
+    root = root or _user_root()
     frames: list[FrameType] = []
     frame = start
     while frame is not None and root is not None:
@@ -206,11 +207,11 @@ class Captured:
     one between two checkpoints is reported (``LoopKeeper``)."""
 
 
-def capture(start: FrameType | None, params: set[int]) -> Captured:
-    root = _user_root()
+def capture(start: FrameType | None, params: set[int], root: str | None = None) -> Captured:
+    root = root or _user_root()
     seen = _Seen()
     frames = []
-    for frame in loop_frames(start):
+    for frame in loop_frames(start, root):
         assert root is not None
         frames.append(_frame_state(frame, root, params, seen))
     return Captured(frames, seen.problems, seen.containers)

@@ -9,6 +9,7 @@ trained by hand, ``stepping.py``). No builtins are patched, no bound methods rep
 
 from __future__ import annotations
 
+import atexit
 import importlib.abc
 import importlib.machinery
 import logging
@@ -57,10 +58,31 @@ def arm() -> None:
     config = Config.from_env()
     _early_signals = SignalRequests(config.stop_signals, config.checkpoint_signals)
     _early_signals.install()
+    atexit.register(_say_if_stop_missed)
     if "torch" in sys.modules:
         _install()
     else:
         sys.meta_path.insert(0, _AfterImport("torch", _install))
+
+
+def _say_if_stop_missed() -> None:
+    """A stop signal came, and the script ended without ever starting ferry's session (no
+    loader batch, optimizer step or model forward): say that no checkpoint was taken. (A
+    session that started says so itself, at its own exit.)"""
+    api = sys.modules.get("ferry.session.api")  # never imported at exit: torch would load late
+    signals = _early_signals
+    if signals is None or signals.stop_signal is None:
+        return
+    if api is not None and getattr(api, "_CURRENT", None) is not None:
+        return
+    import signal
+
+    name = signal.Signals(signals.stop_signal).name
+    sys.stderr.write(
+        f"ferry: {name} asked for a checkpoint and stop, but the script never reached a safe point "
+        "(no DataLoader batch, optimizer step or model forward after a backward) and ended without "
+        "one: no checkpoint was taken; call `ferry.step()` at the end of each iteration to give it one\n"
+    )
 
 
 def _install() -> None:
