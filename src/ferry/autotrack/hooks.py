@@ -81,7 +81,7 @@ def _say_if_stop_missed() -> None:
     sys.stderr.write(
         f"ferry: {name} asked for a checkpoint and stop, but the script never reached a safe point "
         "(no DataLoader batch, optimizer step or model forward after a backward) and ended without "
-        "one: no checkpoint was taken; call `ferry.step()` at the end of each iteration to give it one\n"
+        "one: no checkpoint was taken; track the state and call `ferry.step()` after each iteration\n"
     )
 
 

@@ -43,8 +43,8 @@ class Stepper:
         session = self.session()
         self._optimizer_steps = True
         self._stop_forward()
-        if session.driver is not None:
-            return  # a loader drives training: its batch requests are the safe points
+        if session.driver is not None or session.loop is not self.keeper:
+            return  # a loader drives training, or the script uses the explicit API (ferry.step)
         self.keeper.by = "optimizer"
         if session.restore_at("optimizer"):
             return  # restored to the state right after the saved step
@@ -100,8 +100,11 @@ class Stepper:
         at once, before ``torch.compile`` traces a forward with it (removing it later would
         recompile)."""
         self._checked = True
-        if self.session().driver is not None or any(
-            issubclass(type(o), torch.optim.Optimizer) for o in gc.get_objects()
+        session = self.session()
+        if (
+            session.driver is not None
+            or session.loop is not self.keeper
+            or any(issubclass(type(o), torch.optim.Optimizer) for o in gc.get_objects())
         ):
             self._optimizer_steps = True
             self._stop_forward()

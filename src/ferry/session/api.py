@@ -89,7 +89,9 @@ def track(**objects: Any) -> None:
             for x, y in loader:  # resumed runs pick up at the saved batch
                 ...
     """
-    _session().track(**objects)
+    session = _session()
+    session.explicit(objects)
+    session.track(**objects)
 
 
 def step() -> None:
@@ -100,7 +102,9 @@ def step() -> None:
     points and count the steps); then each call also counts one step (``ferry.global_step``).
     Call it between iterations, never inside one: a checkpoint must not see half a step.
     """
-    _session().step()
+    session = _session()
+    session.explicit({}, steps=True)
+    session.step()
 
 
 def restore() -> int | None:

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from torch import nn
+from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from ferry.config import Config
@@ -183,6 +185,17 @@ class Session(Hooks):
                 found.resume_loader(tracker, relative=False, driver=tracker is self.driver)
         elif self.loop is None:  # zero-code mode restores at the loop's restore point
             self.restore()
+
+    def explicit(self, objects: dict[str, Any], *, steps: bool = False) -> None:
+        """The script calls ``ferry.track`` or ``ferry.step``: if it tracks its loader, model
+        or optimizer, or marks its own steps, it uses the explicit API, and zero-code mode's
+        discovery and loop capture step aside (a script that tracks only lists, dicts or
+        generators stays in zero-code mode, with those added)."""
+        if not steps and not any(isinstance(o, (DataLoader, nn.Module, Optimizer)) for o in objects.values()):
+            return
+        self.discover = None
+        self.uncaptured = None
+        self.loop = None
 
     def saved_state(self, name: str) -> Any:
         """The state saved under ``name`` in the checkpoint being resumed, or None when starting
