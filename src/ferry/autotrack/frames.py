@@ -138,6 +138,11 @@ def _own_class(value: Any, root: str) -> bool:
     return bool(path) and _is_user_file(path, root) and hasattr(value, "__dict__")
 
 
+def plain_attributes(obj: Any) -> dict[str, Any]:
+    """The plain values in an object's ``__dict__``."""
+    return {k: v for k, v in getattr(obj, "__dict__", {}).items() if _scalar(v)}
+
+
 def _position(it: Any) -> Any:
     """A picklable position of a supported iterator; None when it has none to restore."""
     kind = type(it).__name__

@@ -52,19 +52,46 @@ class LoopKeeper:
         """With "forward": the name of the model whose forward is the safe point."""
         self._reported: set[str] = set()
         self._containers: dict[str, tuple[int, str, int]] | None = None
+        self._sampler_start: dict[str, Any] | None = None
 
-    def capture(self, objects: dict[str, Any]) -> dict[str, Any]:
+    def capture(self, objects: dict[str, Any], loader: Any = None) -> dict[str, Any]:
+        """The loop's state now; ``loader``: the driving DataLoader, whose sampler's plain
+        attributes are kept too (``DistributedSampler.set_epoch`` runs before the epoch's
+        ``iter()``, which an in-place resume does not run again)."""
         found = frames.capture(sys._getframe(1), _owned(objects))
         self._report([p.line() for p in found.problems])
         tracked = {id(o) for o in objects.values()}  # ferry.track(losses=losses) captures it
         self._check_containers({k: v for k, v in found.containers.items() if v[2] not in tracked})
-        return {"by": self.by, "model": self.model, "frames": found.frames}
+        return {"by": self.by, "model": self.model, "frames": found.frames, "sampler": self._changed(loader)}
 
-    def examine(self, objects: dict[str, Any]) -> None:
+    def _changed(self, loader: Any) -> dict[str, Any]:
+        """The sampler's plain attributes that training changed since the process started
+        (the epoch of a DistributedSampler; not its rank or number of replicas, which may
+        differ in a resume on other ranks)."""
+        sampler = getattr(loader, "sampler", None)
+        if sampler is None:
+            return {}
+        now = frames.plain_attributes(sampler)
+        if self._sampler_start is None:
+            self._sampler_start = now
+        return {k: v for k, v in now.items() if k in self._sampler_start and self._sampler_start[k] != v}
+
+    def prepare(self, saved: dict[str, Any], loader: Any) -> None:
+        """Before the driving loader continues the saved epoch in place: put back the plain
+        attributes training had changed on its sampler."""
+        sampler = getattr(loader, "sampler", None)
+        if sampler is None:
+            return
+        self._sampler_start = frames.plain_attributes(sampler)
+        for name, value in (saved.get("sampler") or {}).items():
+            if hasattr(sampler, name):
+                setattr(sampler, name, value)
+
+    def examine(self, objects: dict[str, Any], loader: Any = None) -> None:
         """At the first safe point, before any save: say what the checkpoints will miss, and
-        note the lists and dicts the loop holds, to tell at each checkpoint which of them
-        training changes."""
-        self.capture(objects)
+        note the lists and dicts the loop holds and the loader's sampler, to tell at each
+        checkpoint which of them training changed."""
+        self.capture(objects, loader)
 
     def _check_containers(self, now: dict[str, tuple[int, str, int]]) -> None:
         if self._containers is None:

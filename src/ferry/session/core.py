@@ -65,8 +65,9 @@ def _default_logging() -> None:
 class LoopState(Protocol):
     """Zero-code mode's handle on the training loop's frames (``autotrack/keeper.py``)."""
 
-    def capture(self, objects: dict[str, Any]) -> dict[str, Any]: ...
-    def examine(self, objects: dict[str, Any]) -> None: ...
+    def capture(self, objects: dict[str, Any], loader: Any = None) -> dict[str, Any]: ...
+    def prepare(self, saved: dict[str, Any], loader: Any) -> None: ...
+    def examine(self, objects: dict[str, Any], loader: Any = None) -> None: ...
     def matches(self, saved: dict[str, Any]) -> bool: ...
     def restore(self, saved: dict[str, Any]) -> dict[int, Any]: ...
 
@@ -246,6 +247,7 @@ class Session(Hooks):
         if saved is None or saved.get("by") != "loader" or not self.loop.matches(saved):
             return False
         found.in_place = True
+        self.loop.prepare(saved, tracker.loader_ref())
         return True
 
     def restore_at(self, by: str) -> bool:
@@ -349,7 +351,7 @@ class Session(Hooks):
         self.job.event("training_start", step=self.global_step)
         if self.loop is not None:
             self._discover()
-            self.loop.examine(self.objects)
+            self.loop.examine(self.objects, self._driving_loader())
         if self.uncaptured is not None:
             self._generators = GeneratorWatch(self.uncaptured, self.config.ignore_generators)
             self._generators.start()
@@ -367,8 +369,11 @@ class Session(Hooks):
             global_step=self.global_step,
             driver=None if self.driver is None else self.driver.name,
             keep_objects=self.checkpointer.keeps_objects,
-            frames=None if self.loop is None else self.loop.capture(self.objects),
+            frames=None if self.loop is None else self.loop.capture(self.objects, self._driving_loader()),
         )
+
+    def _driving_loader(self) -> DataLoader[Any] | None:
+        return None if self.driver is None else self.driver.loader_ref()
 
     def _save(self, requests: list[Request]) -> None:
         self._check_generators()
