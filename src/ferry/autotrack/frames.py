@@ -128,7 +128,7 @@ def _copy(value: Any) -> Any:
     if isinstance(value, tuple):
         return tuple(_copy(v) for v in value)
     if isinstance(value, torch.Tensor):
-        return value.detach().clone()
+        return value.detach().clone(memory_format=torch.contiguous_format)
     return value
 
 
@@ -267,13 +267,13 @@ def _frame_state(frame: FrameType, root: str, params: set[int], seen: _Seen) -> 
             _watch(seen, where, value, name)
     loops: list[dict[str, Any]] = []
     live = stack.loop_iterators(frame)
-    if live is None and sys.version_info < (3, 11):
+    if live is None and stack.inside_loops(frame):
         seen.problems.append(
             Problem(
                 _where(frame),
-                f"Python {sys.version_info.major}.{sys.version_info.minor} gives no access to a "
-                "running loop's iterator, so `for` loops here restart after a resume "
-                "(CPython 3.11+ is needed)",
+                f"this Python ({sys.implementation.name} {sys.version_info.major}."
+                f"{sys.version_info.minor}) gives ferry no access to a running loop's iterator, so "
+                "`for` loops here restart after a resume (CPython 3.11 to 3.13 is needed)",
                 "count steps with `ferry.global_step` instead of a loop counter",
             )
         )

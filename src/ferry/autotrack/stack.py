@@ -102,15 +102,29 @@ def _loops(code: CodeType) -> list[tuple[int, int, int]]:
     ]
 
 
+def inside_loops(frame: FrameType) -> bool:
+    """Is ``frame`` inside a ``for`` loop (from its code alone, reading no memory)?"""
+    try:
+        here = _here(frame)
+        return any(start <= here < end for start, end, _ in _loops(frame.f_code))
+    except Exception:  # an unknown bytecode: better to say so than to stay silent
+        return True
+
+
+def _here(frame: FrameType) -> int:
+    """Offset of the instruction ``frame`` is executing."""
+    offsets = _offsets(frame.f_code)
+    at = bisect.bisect_right(offsets, frame.f_lasti) - 1
+    return offsets[at] if at >= 0 else -1
+
+
 def loop_iterators(frame: FrameType) -> dict[int, Any] | None:
     """The iterators of the ``for`` loops ``frame`` is inside, by stack slot (outermost
     first); None where the stack cannot be read."""
     live = live_stack(frame)
     if live is None:
         return None
-    offsets = _offsets(frame.f_code)
-    at = bisect.bisect_right(offsets, frame.f_lasti) - 1
-    here = offsets[at] if at >= 0 else -1
+    here = _here(frame)
     return {
         slot: live[slot]
         for start, end, slot in _loops(frame.f_code)
@@ -160,10 +174,11 @@ _SUPPORTED: bool | None = None
 
 
 def supported() -> bool:
-    """Whether this interpreter's frames can be read: CPython 3.11+, checked on a probe."""
+    """Whether this interpreter's frames can be read: CPython 3.11 to 3.13 (whose frame
+    layout this module knows; a later one is not read at all), checked on a probe."""
     global _SUPPORTED
     if _SUPPORTED is None:
-        ok = sys.implementation.name == "cpython" and sys.version_info >= (3, 11) and _PTR == 8
+        ok = sys.implementation.name == "cpython" and (3, 11) <= sys.version_info < (3, 14) and _PTR == 8
         try:
             _SUPPORTED = ok and _probe()
         except Exception:  # any surprise in the layout: report, never guess
