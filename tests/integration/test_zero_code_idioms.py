@@ -27,7 +27,8 @@ IDIOMS = [
     # (id, script, args, stops: after which step (the script's own count) to stop, resumed steps)
     ("trainer-iter-num-next", "zc_trainer.py", (), "4", [5]),
     ("enumerate-loader-break", "zc_enumerate.py", (), "102,204", [3, 10]),
-    ("module-level-range-next", "zc_range.py", (), "6,9", [7, 10]),
+    # with `ferry.track(history=history)`, the one line that captures a list the loop appends to
+    ("module-level-range-next-tracked-list", "zc_range.py", (), "6,9", [7, 10]),
     ("no-loader-manual-sgd", "zc_lm.py", (), "4,20", [4, 20]),
     ("no-loader-torch-optim", "zc_lm.py", ("--optim",), "4", [5]),
 ]
@@ -48,7 +49,7 @@ def test_idiom_resumes_as_the_plain_run(
     out = tmp_path / "run"
     cmd = [FERRY, "run", "--dir", str(tmp_path / "ck"), "--job-id", "zc", "--"]
     cmd += [sys.executable, str(SCRIPTS / script), "--out", str(out), *args]
-    env = env_for(tmp_path / "home", ZC_STOP_AT=stops)
+    env = env_for(tmp_path / "home", ZC_STOP_AT=stops, ZC_TRACK="1")
     printed, codes, errors = "", [], ""
     for _ in range(len(resumed) + 1):
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)

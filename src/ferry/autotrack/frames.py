@@ -197,8 +197,9 @@ class Problem:
 @dataclass
 class _Seen:
     problems: list[Problem] = field(default_factory=list)
-    containers: dict[str, tuple[int, str, int]] = field(default_factory=dict)
-    """Lists and dicts of plain values in the loop's frames: path -> (fingerprint, where)."""
+    containers: dict[str, tuple[int, str, str, int]] = field(default_factory=dict)
+    """Lists and dicts of plain values in the loop's frames: where -> (fingerprint, name,
+    kind of name, id of the value)."""
 
 
 @dataclass
@@ -207,7 +208,7 @@ class Captured:
     """The loop's frames' plain state, outermost first."""
     problems: list[Problem]
     """What could not be captured."""
-    containers: dict[str, tuple[int, str, int]]
+    containers: dict[str, tuple[int, str, str, int]]
     """Lists and dicts of plain values the frames hold, which are not captured: a change to
     one between two checkpoints is reported (``LoopKeeper``)."""
 
@@ -239,10 +240,10 @@ def _fingerprint(value: Any) -> int | None:
         return None
 
 
-def _watch(seen: _Seen, where: str, value: Any, name: str) -> None:
+def _watch(seen: _Seen, where: str, value: Any, name: str, kind: str) -> None:
     print_ = _fingerprint(value)
     if print_ is not None:
-        seen.containers[where] = (print_, name, id(value))
+        seen.containers[where] = (print_, name, kind, id(value))
 
 
 def _frame_state(frame: FrameType, root: str, params: set[int], seen: _Seen) -> dict[str, Any]:
@@ -262,9 +263,9 @@ def _frame_state(frame: FrameType, root: str, params: set[int], seen: _Seen) -> 
         elif _own_class(value, root):
             attrs[name] = {k: v for k, v in vars(value).items() if _scalar(v)}
             for attr, v in vars(value).items():
-                _watch(seen, f"{where[:-1]}.{attr}`", v, f"{name}.{attr}")
+                _watch(seen, f"{where[:-1]}.{attr}`", v, f"{name}.{attr}", "an attribute")
         else:
-            _watch(seen, where, value, name)
+            _watch(seen, where, value, name, "a global" if module else "a local")
     loops: list[dict[str, Any]] = []
     live = stack.loop_iterators(frame)
     if live is None and stack.inside_loops(frame):

@@ -51,7 +51,7 @@ class LoopKeeper:
         self.model: str | None = None
         """With "forward": the name of the model whose forward is the safe point."""
         self._reported: set[str] = set()
-        self._containers: dict[str, tuple[int, str, int]] | None = None
+        self._containers: dict[str, tuple[int, str, str, int]] | None = None
         self._sampler_start: dict[str, Any] | None = None
 
     def capture(self, objects: dict[str, Any], loader: Any = None) -> dict[str, Any]:
@@ -61,7 +61,7 @@ class LoopKeeper:
         found = frames.capture(sys._getframe(1), _owned(objects))
         self._report([p.line() for p in found.problems])
         tracked = {id(o) for o in objects.values()}  # ferry.track(losses=losses) captures it
-        self._check_containers({k: v for k, v in found.containers.items() if v[2] not in tracked})
+        self._check_containers({k: v for k, v in found.containers.items() if v[3] not in tracked})
         return {"by": self.by, "model": self.model, "frames": found.frames, "sampler": self._changed(loader)}
 
     def _changed(self, loader: Any) -> dict[str, Any]:
@@ -93,16 +93,16 @@ class LoopKeeper:
         checkpoint which of them training changed."""
         self.capture(objects, loader)
 
-    def _check_containers(self, now: dict[str, tuple[int, str, int]]) -> None:
+    def _check_containers(self, now: dict[str, tuple[int, str, str, int]]) -> None:
         if self._containers is None:
             self._containers = now
             return
-        for where, (print_, name, _) in now.items():
+        for where, (print_, name, what, _) in now.items():
             before = self._containers.get(where)
             if before is not None and before[0] != print_:
                 self._report(
                     [
-                        f"ferry: warning: {where} ({type_word(name)}) changes during training and "
+                        f"ferry: warning: {where} ({what}) changes during training and "
                         "zero-code mode does not capture it: after a resume it holds only what the "
                         f"resumed run puts in; to make it exact: `ferry.track({_arg(name)}={name})`"
                     ]
@@ -136,10 +136,6 @@ class LoopKeeper:
             if line not in self._reported:
                 self._reported.add(line)
                 sys.stderr.write(line + "\n")
-
-
-def type_word(name: str) -> str:
-    return "an attribute" if "." in name else "a local"
 
 
 def _arg(name: str) -> str:
