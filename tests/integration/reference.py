@@ -26,7 +26,8 @@ def reference_run(
     factory: pytest.TempPathFactory, script: str = "train_explicit.py", args: tuple[str, ...] = ()
 ) -> Path:
     """The output folder of ``script args``, run to its end without interruption and without
-    `ferry run`; made by the first test that asks, under a lock, and reused."""
+    `ferry run`; made by the first test that asks, under a lock, and reused. What it printed
+    is kept beside it, in ``stdout.txt`` of the returned folder's parent."""
     key = hashlib.sha256(json.dumps([script, list(args)]).encode()).hexdigest()[:16]
     base = shared_root(factory) / "references" / key
     base.mkdir(parents=True, exist_ok=True)
@@ -38,6 +39,7 @@ def reference_run(
             shutil.rmtree(base / "ck", ignore_errors=True)
             proc = run(script, out, list(args), env_for(base / "home", FERRY_DIR=str(base / "ck")))
             assert proc.returncode == 0, proc.stderr
+            (base / "stdout.txt").write_text(proc.stdout)
             (base / "complete").write_text(json.dumps([script, list(args)]))
     return out
 

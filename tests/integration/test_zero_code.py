@@ -65,16 +65,11 @@ def under_ferry(
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
-def training_record(out: Path) -> tuple[dict[str, str], str]:
-    """Per-step lines (the last one written for each step) and the final parameters.
-    Evaluation lines are left out: in the resumed run, epochs the checkpoint covers are
-    fast-forwarded and their evaluation loops see no data (documented in docs/zero-code.md)."""
-    steps: dict[str, str] = {}
-    for line in (out / "log.txt").read_text().splitlines():
-        key = line.split(" ", 1)[0]
-        if key.isdigit():
-            steps[key] = line
-    return steps, (out / "params.txt").read_text()
+def training_record(out: Path) -> tuple[list[str], str]:
+    """Every line the runs wrote, evaluations included (the resumed run continues the saved
+    epoch in place: no epoch is run again or fast-forwarded, docs/zero-code.md), and the
+    final parameters."""
+    return (out / "log.txt").read_text().splitlines(), (out / "params.txt").read_text()
 
 
 CASES = [

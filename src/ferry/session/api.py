@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ferry.config import Config
@@ -12,13 +13,18 @@ _CURRENT: Session | None = None
 """The session of this process; a closed one no longer counts."""
 
 
+factory: Callable[[], Session] | None = None
+"""Zero-code mode sets this: a session the script starts (``ferry.track`` in an otherwise
+unmodified script) is made with zero-code mode's wiring too."""
+
+
 def current(create: bool = True) -> Session | None:
     """The session of this process (made from FERRY_* settings on first use)."""
     global _CURRENT
     if _CURRENT is not None and _CURRENT.closed:
         _CURRENT = None
     if _CURRENT is None and create:
-        _CURRENT = Session()
+        _CURRENT = Session() if factory is None else factory()
     return _CURRENT
 
 
@@ -84,7 +90,9 @@ def track(**objects: Any) -> None:
             for x, y in loader:  # resumed runs pick up at the saved batch
                 ...
     """
-    _session().track(**objects)
+    session = _session()
+    session.explicit(objects)
+    session.track(**objects)
 
 
 def step() -> None:
@@ -95,7 +103,9 @@ def step() -> None:
     points and count the steps); then each call also counts one step (``ferry.global_step``).
     Call it between iterations, never inside one: a checkpoint must not see half a step.
     """
-    _session().step()
+    session = _session()
+    session.explicit({}, steps=True)
+    session.step()
 
 
 def restore() -> int | None:

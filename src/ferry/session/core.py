@@ -12,8 +12,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
+from torch import nn
+from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from ferry.config import Config
@@ -58,6 +60,16 @@ def _default_logging() -> None:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
+
+
+class LoopState(Protocol):
+    """Zero-code mode's handle on the training loop's frames (``autotrack/keeper.py``)."""
+
+    def capture(self, objects: dict[str, Any], loader: Any = None) -> dict[str, Any]: ...
+    def prepare(self, saved: dict[str, Any], loader: Any) -> None: ...
+    def examine(self, objects: dict[str, Any], loader: Any = None) -> None: ...
+    def matches(self, saved: dict[str, Any]) -> bool: ...
+    def restore(self, saved: dict[str, Any]) -> dict[int, Any]: ...
 
 
 class Session(Hooks):
@@ -111,6 +123,10 @@ class Session(Hooks):
         """Zero-code mode: finds what it sees but cannot capture (the script's own random
         generators); those training draws from after the first safe point are warned about."""
         self._generators: GeneratorWatch | None = None
+        self.loop: LoopState | None = None
+        """Zero-code mode: captures and restores the plain state of the loop's frames."""
+        self.swapped: dict[int, Any] = {}
+        """Values the last restore replaced in the loop's frames (id -> new value)."""
         self.last_batch_from: LoaderTracker | None = None
         self._driver_pinned = False
         self._trained = False  # past the first safe point
@@ -176,8 +192,19 @@ class Session(Hooks):
                 self.driver = self.loaders[found.state.driver]
             for tracker in new_loaders:
                 found.resume_loader(tracker, relative=False, driver=tracker is self.driver)
-        else:
+        elif self.loop is None:  # zero-code mode restores at the loop's restore point
             self.restore()
+
+    def explicit(self, objects: dict[str, Any], *, steps: bool = False) -> None:
+        """The script calls ``ferry.track`` or ``ferry.step``: if it tracks its loader, model
+        or optimizer, or marks its own steps, it uses the explicit API, and zero-code mode's
+        discovery and loop capture step aside (a script that tracks only lists, dicts or
+        generators stays in zero-code mode, with those added)."""
+        if not steps and not any(isinstance(o, (DataLoader, nn.Module, Optimizer)) for o in objects.values()):
+            return
+        self.discover = None
+        self.uncaptured = None
+        self.loop = None
 
     def saved_state(self, name: str) -> Any:
         """The state saved under ``name`` in the checkpoint being resumed, or None when starting
@@ -205,11 +232,51 @@ class Session(Hooks):
         self._discover()
         seconds = self._resume.apply(self.objects, self.loaders, t0)
         self.global_step = self._last_step = self._resume.state.global_step
+        saved = self._resume.state.frames
+        if self.loop is not None and saved is not None:
+            self.swapped = self.loop.restore(saved)
+        if self._resume.in_place:
+            for tracker in self.loaders.values():
+                if tracker is not self.driver:
+                    self._resume.after_in_place(tracker)
         self.report.resumed(self._resume.loaded.url, self.global_step, seconds)
 
     # ------------------------------------------------------------------ hooks
     def fast_forwarding(self, tracker: LoaderTracker) -> bool:
         return self._restore_pending
+
+    def resume_in_place(self, tracker: LoaderTracker) -> bool:
+        """Zero-code mode: the driving loader's first iter() of the resumed process continues
+        the saved epoch at once, when the loop's frames (its epoch counter and position
+        included) will be put back at the restore point; no epoch is fast-forwarded."""
+        found = self._resume
+        if found is None or not found.pending or tracker is not self.driver or self.loop is None:
+            return False
+        saved = found.state.frames
+        if saved is None or saved.get("by") != "loader" or not self.loop.matches(saved):
+            return False
+        found.in_place = True
+        self.loop.prepare(saved, tracker.loader_ref())
+        return True
+
+    def restore_at(self, by: str) -> bool:
+        """Zero-code mode without a loader: restore now if the checkpoint's safe points were
+        made by ``by`` (this is then the restore point); True if it restored."""
+        found = self._resume
+        if found is None or found.done or (found.state.frames or {}).get("by") != by:
+            return False
+        self._restore_all()
+        return True
+
+    def saved_loop(self) -> dict[str, Any] | None:
+        """The loop state of the checkpoint still to be restored, if any."""
+        found = self._resume
+        return None if found is None or found.done else found.state.frames
+
+    def step_safe_point(self) -> None:
+        """Zero-code mode without a loader: an optimizer step or a model forward ended a step."""
+        self.global_step += 1
+        self._safe_point()
 
     def at_restore_point(self, tracker: LoaderTracker) -> None:
         if self._restore_pending:
@@ -297,6 +364,9 @@ class Session(Hooks):
         script's generators are looked at, to tell later which ones training draws from."""
         self._trained = True
         self.job.event("training_start", step=self.global_step)
+        if self.loop is not None:
+            self._discover()
+            self.loop.examine(self.objects, self._driving_loader())
         if self.uncaptured is not None:
             self._generators = GeneratorWatch(self.uncaptured, self.config.ignore_generators)
             self._generators.start()
@@ -325,7 +395,11 @@ class Session(Hooks):
             global_step=self.global_step,
             driver=None if self.driver is None else self.driver.name,
             keep_objects=self.checkpointer.keeps_objects,
+            frames=None if self.loop is None else self.loop.capture(self.objects, self._driving_loader()),
         )
+
+    def _driving_loader(self) -> DataLoader[Any] | None:
+        return None if self.driver is None else self.driver.loader_ref()
 
     def _save(self, requests: list[Request]) -> None:
         self._check_generators()

@@ -68,6 +68,9 @@ class Resume:
         self.loaded, self.state, self.load_seconds = loaded, state, load_seconds
         self.pending = False
         self.done = False
+        self.in_place = False
+        """Zero-code mode: the driving loader continued the saved epoch at its first iter()
+        and the loop's frames were put back, so other loaders go on from where they were."""
 
     @property
     def step(self) -> int:
@@ -92,4 +95,20 @@ class Resume:
         """Objects and loaders tracked after the restore get their state now."""
         self.state.restore_objects(objects)
         for tracker in loaders:
+            if self.in_place:
+                self.after_in_place(tracker)
+            else:
+                self.resume_loader(tracker, relative=True, driver=False)
+
+    def after_in_place(self, tracker: LoaderTracker) -> None:
+        """A loader other than the driving one, after an in-place restore: the script's loop
+        is where it was at the save, so a loader whose epoch had ended starts its next one
+        fresh at its next iter(), and one stopped inside an epoch continues it there."""
+        position = self.state.loaders.get(tracker.name)
+        if position is None:
+            return
+        if position["batches"] and position["batches"] == position.get("length"):
+            tracker.epoch, tracker.batches = int(position["epoch"]), int(position["batches"])
+            tracker.resume_at, tracker.relative, tracker.restore_pending = None, False, False
+        else:
             self.resume_loader(tracker, relative=True, driver=False)

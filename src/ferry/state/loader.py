@@ -42,6 +42,9 @@ class Hooks:
     def fast_forwarding(self, tracker: LoaderTracker) -> bool:
         return False
 
+    def resume_in_place(self, tracker: LoaderTracker) -> bool:
+        return False
+
 
 def _generators(loader: DataLoader[Any]) -> dict[str, torch.Generator]:
     """Every torch.Generator the loader's sampling draws from, by role."""
@@ -201,6 +204,8 @@ class LoaderTracker:
         self.epoch += 1
         self.batches = 0
         target = self.resume_at
+        if target is not None and not self.relative and self.hooks.resume_in_place(self):
+            self.relative = True  # the script's loop is put back too: continue the saved epoch now
         if target is not None and self.relative:
             self.epoch = int(target["epoch"])
         if target is not None and self.epoch < int(target["epoch"]) and self.hooks.fast_forwarding(self):

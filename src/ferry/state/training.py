@@ -8,6 +8,7 @@ On disk (the layout every ferry checkpoint of a session has had; old ones must s
                "grads": {name: Gradients},   # mid-accumulation .grad buffers
                "loaders": {name: position},  # LoaderTracker.position()
                "driver": name | None,        # the loader whose batches are the steps
+               "frames": {...},              # zero-code mode: the loop's plain state
                "sharded_optimizers": {name: bool}}}  # only with sharded (FSDP) models
 
 This module sits above the engine (it restores through ``apply_state`` and DCP) and below
@@ -51,6 +52,9 @@ class TrainingState:
     """Tracked objects by name; None in a rank part whose objects rank 0 holds."""
     sharded_optimizers: dict[str, bool] | None = None
     """Per sharded model, whether its optimizers were saved with it through DCP."""
+    frames: dict[str, Any] | None = None
+    """Zero-code mode: what made the safe point and the plain state of the training loop's
+    frames (``autotrack/frames.py``); None in explicit mode."""
 
     @classmethod
     def capture(
@@ -61,6 +65,7 @@ class TrainingState:
         global_step: int,
         driver: str | None,
         keep_objects: Callable[[dict[str, Any]], bool],
+        frames: dict[str, Any] | None = None,
     ) -> TrainingState:
         """The state of the live objects now. Sharded models are not in the tree (DCP writes
         them beside it); whether their optimizers go with them is. ``keep_objects`` says
@@ -74,6 +79,7 @@ class TrainingState:
             loaders={name: t.position() for name, t in loaders.items()},
             driver=driver,
             sharded_optimizers=sharded.optimizers_saved(shards) if shards else None,
+            frames=frames,
         )
 
     def tree(self) -> dict[str, Any]:
@@ -87,6 +93,8 @@ class TrainingState:
         }
         if self.sharded_optimizers is not None:
             ferry["sharded_optimizers"] = self.sharded_optimizers
+        if self.frames is not None:
+            ferry["frames"] = self.frames
         return {**({"objects": self.objects} if self.objects is not None else {}), "ferry": ferry}
 
     @classmethod
@@ -110,6 +118,7 @@ class TrainingState:
         if driver is not None and not isinstance(driver, str):
             raise _corrupt(where, "ferry.driver", "a loader name")
         optim = saved.get("sharded_optimizers")
+        frames = saved.get("frames")
         return cls(
             objects=None if objects is None else _dict(objects, where, "objects"),
             global_step=step,
@@ -118,6 +127,7 @@ class TrainingState:
             loaders=loaders,
             driver=driver,
             sharded_optimizers=None if optim is None else _dict(optim, where, "ferry.sharded_optimizers"),
+            frames=None if frames is None else _dict(frames, where, "ferry.frames"),
         )
 
     def with_part(self, part: TrainingState) -> TrainingState:
