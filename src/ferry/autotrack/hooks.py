@@ -1,8 +1,9 @@
 """Zero-code hooks, armed by ferry's sitecustomize when ``FERRY_AUTOTRACK=1``.
 
-Narrow hook points only: ``DataLoader.__iter__`` (each loader is tracked the first time it
-is iterated) and torch's global optimizer step hook (it tells which loader feeds
-training). No builtins are patched, no bound methods replaced.
+Narrow hook points only: ``DataLoader.__init__`` (it notes where the script built each
+loader: the loader's name, state/loader_identity.py), ``DataLoader.__iter__`` (each loader
+is tracked the first time it is iterated) and torch's global optimizer step hook (it tells
+which loader feeds training). No builtins are patched, no bound methods replaced.
 """
 
 from __future__ import annotations
@@ -63,8 +64,9 @@ def arm() -> None:
 def _install() -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    from ferry.state import loader
+    from ferry.state import loader, loader_identity
 
+    loader_identity.install_init_hook(loader.hook_class)  # StatefulDataLoader's own __iter__
     loader.auto_track = _auto_track
     loader.install_iter_hook()
     register_optimizer_step_post_hook(_after_optimizer_step)
@@ -87,10 +89,38 @@ def _session() -> Any:
     return current
 
 
+_legacy_names = 0
+
+
+def _name(session: Any, dataloader: Any) -> tuple[str, Any]:
+    """The loader's name and identity. A checkpoint from before loaders had identities
+    names them by the order they were first iterated (``loader0``, ...): resuming one, the
+    loaders are named that way again, so that the saved positions still find their loaders."""
+    global _legacy_names
+    from ferry.state import loader_identity
+
+    identity = loader_identity.identity_of(dataloader)
+    loaded = session.loaded
+    saved = loaded.state.get("ferry", {}).get("loaders", {}) if loaded is not None else {}
+    if saved and loader_identity.legacy(saved):
+        _legacy_names += 1
+        return f"loader{_legacy_names - 1}", None
+    return identity.name, identity
+
+
 def _auto_track(dataloader: Any) -> Any:
+    from ferry.state.loader import track_loader
+
     session = _session()
-    name = f"loader{len(session.loaders)}"
-    session.track(**{name: dataloader})
+    name, identity = _name(session, dataloader)
+    track_loader(name, dataloader, session).identity = identity  # before the session resumes it
+    try:
+        session.track(**{name: dataloader})
+    except FerryError as exc:  # e.g. inputs changed since the checkpoint: one line, no traceback
+        sys.stderr.write(f"ferry: error: {exc}\n")
+        session.report.crashed(session.global_step, type(exc), exc)
+        session.close()
+        raise SystemExit(exc.exit_code) from None
     return session.loaders[name]
 
 

@@ -120,6 +120,10 @@ class Session(Hooks):
             self._resume = resume.find(self.config.dir, self.checkpointer)
             if self._resume is not None:
                 self.resumed, self.restored_step = True, self._resume.step
+                self._resume.allow_changed_inputs = self.config.allow_changed_inputs
+                self._resume.check_command(sys.argv)
+            elif self.job.writer:
+                resume.starting_fresh(self.config.dir, self.job_id, [sys.executable, *sys.argv])
         self.job.update_status("running", step=self.global_step, pid=os.getpid())
         _register_exit(self._atexit)
         self._previous_excepthook = sys.excepthook
@@ -293,6 +297,11 @@ class Session(Hooks):
     # ------------------------------------------------------------------ checkpoints
     def _capture(self) -> TrainingState:
         self._discover()
+        # A loader that is gone (one an evaluate() call built and dropped) has no position
+        # to resume; forgetting it also keeps the checkpoint from growing with every call.
+        self.loaders = {
+            n: t for n, t in self.loaders.items() if t.loader_ref() is not None or t is self.driver
+        }
         return TrainingState.capture(
             self.objects,
             self.loaders,

@@ -1,0 +1,89 @@
+"""Zero-code mode and the loaders real scripts make: evaluation loaders built at every call
+(identity by construction site), random augmentation in DataLoader workers (replayed mid
+epoch), changed inputs (refused, or warned about), and loaders that keep their own position
+(StatefulDataLoader's protocol). Each test is one lineage of `ferry run`s, stopped at chosen
+steps by the script itself (FERRY_TEST_STOP_AT), compared with the plain uninterrupted run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from reference import reference_run
+from trainrun import SCRIPTS, env_for
+
+pytestmark = pytest.mark.integration
+FERRY = str(Path(sys.executable).parent / "ferry")
+SCRIPT = "zc_loaders.py"
+
+
+def ferry_run(
+    tmp: Path, out: Path, args: list[str], *, stop_at: str = "", options: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    cmd = [FERRY, "run", "--dir", str(tmp / "ck"), "--job-id", "zcl", *options, "--",
+           sys.executable, str(SCRIPTS / SCRIPT), "--out", str(out), *args]  # fmt: skip
+    env = env_for(tmp / "home", FERRY_TEST_STOP_AT=stop_at)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+
+
+def stopped_at(proc: subprocess.CompletedProcess[str], step: int) -> None:
+    assert proc.returncode == 85, proc.stderr
+    assert f"checkpointed at step {step}" in proc.stderr, proc.stderr
+
+
+def same_run(ref: Path, got: Path) -> None:
+    """Every printed line (steps, losses, the data's bits, evaluations), the final weights
+    and the best model the script saved, as in the uninterrupted run."""
+    assert (got / "log.txt").read_text().splitlines() == (ref / "log.txt").read_text().splitlines()
+    assert (got / "params.txt").read_text() == (ref / "params.txt").read_text()
+    if (ref / "best.pt").exists():
+        a, b = torch.load(ref / "best.pt"), torch.load(got / "best.pt")
+        assert a["correct"] == b["correct"]
+        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_evaluation_loader_per_call_mid_epoch_boundary_and_changed_inputs(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """evaluate() builds a new test loader at every call. Stopped mid-epoch (step 7 of
+    10-batch epochs), then at an epoch boundary (step 20), each evaluation after a resume
+    sees its whole test set (never `0/0`), and the run ends as the plain one. A resume with
+    another batch size is refused with one line naming the change and the override."""
+    ref = reference_run(tmp_path_factory, SCRIPT, ())
+    out = tmp_path / "run"
+    stopped_at(ferry_run(tmp_path, out, [], stop_at="7"), 7)
+    refused = ferry_run(tmp_path, tmp_path / "other", ["--batch-size", "4"])
+    assert refused.returncode == 2, refused.stderr
+    (line,) = [ln for ln in refused.stderr.splitlines() if ln.startswith("ferry: error:")]
+    assert "batch_size 8 -> 4" in line and "--allow-changed-inputs" in line, refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert "command line" in refused.stderr  # the changed argv is named too (a warning)
+    second = ferry_run(tmp_path, out, [], stop_at="20")
+    stopped_at(second, 20)
+    assert "resumed from" in second.stderr
+    third = ferry_run(tmp_path, out, [])
+    assert third.returncode == 0, third.stderr
+    assert "Test: 0/0" not in (out / "log.txt").read_text()
+    same_run(ref, out)
+
+
+@pytest.mark.parametrize("persistent", [False])
+def test_worker_augmentation_is_replayed_mid_epoch(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, persistent: bool
+) -> None:
+    """Random crops/flips in Dataset.__getitem__ (torch, random, numpy) in 2 workers: stopped
+    after an odd number of batches (a worker's batch of the round is consumed, the other's
+    is not), then again in the next epoch, the batches the script gets are bitwise those of
+    the uninterrupted run, and so are the losses and weights."""
+    args = ("--workers", "2", "--augment", "--steps", "24", "--eval-every", "100")
+    ref = reference_run(tmp_path_factory, SCRIPT, args)
+    out = tmp_path / "run"
+    stopped_at(ferry_run(tmp_path, out, list(args), stop_at="5"), 5)
+    stopped_at(ferry_run(tmp_path, out, list(args), stop_at="16"), 16)
+    last = ferry_run(tmp_path, out, list(args))
+    assert last.returncode == 0, last.stderr
+    same_run(ref, out)
