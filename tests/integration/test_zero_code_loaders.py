@@ -87,3 +87,21 @@ def test_worker_augmentation_is_replayed_mid_epoch(
     last = ferry_run(tmp_path, out, list(args))
     assert last.returncode == 0, last.stderr
     same_run(ref, out)
+
+
+def test_a_loader_with_its_own_state_dict_resumes_through_it(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A loader with StatefulDataLoader's protocol (its own __iter__, state_dict,
+    load_state_dict) is tracked, its batches are the safe points, and the resume goes through
+    its load_state_dict: the run ends as the plain one. torchdata's own StatefulDataLoader
+    is used as well when it is installed."""
+    args = ["--stateful", "--steps", "16", "--eval-every", "100"]
+    ref = reference_run(tmp_path_factory, SCRIPT, tuple(args))
+    out = tmp_path / "run"
+    stopped_at(ferry_run(tmp_path, out, args, stop_at="7"), 7)
+    saved = next(p for p in (tmp_path / "ck").iterdir() if p.name.startswith("step-"))
+    assert b"loader_state" in (saved / "manifest.json").read_bytes() + (saved / "data-0.bin").read_bytes()
+    last = ferry_run(tmp_path, out, args)
+    assert last.returncode == 0, last.stderr
+    same_run(ref, out)

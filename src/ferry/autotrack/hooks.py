@@ -64,12 +64,29 @@ def arm() -> None:
 def _install() -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    from ferry.state import loader, loader_identity
+    from ferry.state import loader, loader_identity, stateful_loader
 
-    loader_identity.install_init_hook(loader.hook_class)  # StatefulDataLoader's own __iter__
+    loader_identity.install_init_hook(loader.hook_class)  # a stateful loader's own __iter__
     loader.auto_track = _auto_track
     loader.install_iter_hook()
+    for module, name in stateful_loader.KNOWN.items():
+        hook = _stateful_class_hook(module, name)
+        if module in sys.modules:
+            hook()
+        else:
+            sys.meta_path.insert(0, _AfterImport(module, hook))
     register_optimizer_step_post_hook(_after_optimizer_step)
+
+
+def _stateful_class_hook(module: str, name: str) -> Callable[[], None]:
+    def hook() -> None:
+        from ferry.state import loader_identity
+
+        cls = getattr(sys.modules[module], name, None)
+        if isinstance(cls, type):
+            loader_identity.hook_init_of(cls)
+
+    return hook
 
 
 def _session() -> Any:

@@ -401,11 +401,11 @@ def _iter(self: DataLoader[Any]) -> Iterator[Any]:
     return _tracked_iter(self, _original_iter)
 
 
-def hook_class(loader: DataLoader[Any]) -> None:
+def hook_class(cls: type) -> None:
     """A stateful loader class with its own ``__iter__`` (StatefulDataLoader never calls
     DataLoader's): hook that one the same way, once per class."""
-    owner = stateful_loader.iter_owner(type(loader))
-    if owner is None or not stateful_loader.is_stateful(loader) or "_ferry_original_iter" in vars(owner):
+    owner = stateful_loader.iter_owner(cls)
+    if owner is None or not stateful_loader.is_stateful_class(cls) or "_ferry_original_iter" in vars(owner):
         return
     original = vars(owner)["__iter__"]
 
@@ -426,7 +426,7 @@ def install_iter_hook() -> None:
 def track_loader(name: str, loader: DataLoader[Any], hooks: Hooks) -> LoaderTracker:
     """Start tracking ``loader``: installs the ``DataLoader.__iter__`` hook on first use."""
     install_iter_hook()
-    hook_class(loader)
+    hook_class(type(loader))
     tracker = _TRACKED.get(loader)
     if tracker is None:
         tracker = _TRACKED[loader] = LoaderTracker(name, loader, hooks)

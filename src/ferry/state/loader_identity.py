@@ -59,7 +59,7 @@ _IDENTITIES: weakref.WeakKeyDictionary[DataLoader[Any], Identity] = weakref.Weak
 _per_site: dict[str, int] = {}
 _next_serial = 0
 _original_init: Callable[..., None] | None = None
-_on_init: Callable[[DataLoader[Any]], None] | None = None
+_on_init: Callable[[type], None] | None = None
 
 
 def _site(loader: DataLoader[Any], frame: FrameType | None) -> str:
@@ -103,10 +103,27 @@ def _init(self: DataLoader[Any], *args: Any, **kwargs: Any) -> None:
     _original_init(self, *args, **kwargs)
     note(self, sys._getframe(1))
     if _on_init is not None:
-        _on_init(self)
+        _on_init(type(self))
 
 
-def install_init_hook(on_init: Callable[[DataLoader[Any]], None] | None = None) -> None:
+def hook_init_of(cls: type) -> None:
+    """Note the construction site of a loader class whose ``__init__`` never calls
+    DataLoader's (torchdata's StatefulDataLoader), as ``install_init_hook`` does; once."""
+    original = vars(cls).get("__init__")
+    if original is None or getattr(original, "_ferry_hooked", False):
+        return
+
+    def __init__(self: DataLoader[Any], *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        note(self, sys._getframe(1))
+
+    __init__._ferry_hooked = True  # type: ignore[attr-defined]
+    setattr(cls, "__init__", __init__)  # noqa: B010
+    if _on_init is not None:
+        _on_init(cls)
+
+
+def install_init_hook(on_init: Callable[[type], None] | None = None) -> None:
     """Note every DataLoader's construction site (zero-code mode; idempotent); ``on_init``
     is called with each new loader."""
     global _original_init, _on_init

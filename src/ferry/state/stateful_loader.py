@@ -11,6 +11,8 @@ calls ``load_state_dict`` before the loader's ``__iter__`` instead of skipping b
 StatefulDataLoader overrides ``__iter__`` without calling ``DataLoader.__iter__``, so the
 hook that makes each batch a safe point is put on the class that defines ``__iter__``
 too (``hook_class``, state/loader.py), the first time such a loader is built or tracked.
+Its ``__init__`` does not call ``DataLoader.__init__`` either: zero-code mode hooks
+torchdata's class when torchdata is imported (``KNOWN``, autotrack/hooks.py).
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from torch.utils.data import DataLoader
 
 
 def is_stateful(loader: DataLoader[Any]) -> bool:
-    cls = type(loader)
+    return is_stateful_class(type(loader))
+
+
+def is_stateful_class(cls: type) -> bool:
     return callable(getattr(cls, "state_dict", None)) and callable(getattr(cls, "load_state_dict", None))
 
 
@@ -43,3 +48,8 @@ def iter_owner(cls: type) -> type | None:
         if "__iter__" in vars(klass):
             return klass
     return None
+
+
+KNOWN = {"torchdata.stateful_dataloader.stateful_dataloader": "StatefulDataLoader"}
+"""Stateful loader classes whose constructor bypasses ``DataLoader.__init__`` (so the
+construction hook never sees them): module -> class name, hooked when the module loads."""
