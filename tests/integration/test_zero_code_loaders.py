@@ -55,7 +55,9 @@ def test_evaluation_loader_per_call_mid_epoch_boundary_and_changed_inputs(
     another batch size is refused with one line naming the change and the override."""
     ref = reference_run(tmp_path_factory, SCRIPT, ())
     out = tmp_path / "run"
-    stopped_at(ferry_run(tmp_path, out, [], stop_at="7"), 7)
+    first = ferry_run(tmp_path, out, [], stop_at="7")
+    stopped_at(first, 7)
+    assert f"ferry: no checkpoint under {tmp_path / 'ck'}: starting fresh" in first.stderr
     refused = ferry_run(tmp_path, tmp_path / "other", ["--batch-size", "4"])
     assert refused.returncode == 2, refused.stderr
     (line,) = [ln for ln in refused.stderr.splitlines() if ln.startswith("ferry: error:")]
