@@ -277,7 +277,7 @@ class LoaderTracker:
             rewind = (lambda: apply_epoch_rng(loader, epoch_rng)) if persistent and epoch_rng else None
             self.worker_rng = dict(target.get("worker_rng") or {})
             starts = loader.worker_init_fn if isinstance(loader.worker_init_fn, WorkerInit) else None
-            if starts is not None and worker_rng.replayable(loader):
+            if starts is not None and worker_rng.tagged(loader):
                 starts.rng_states = self.worker_rng  # the workers start in _build, from these
             try:
                 it = self._build(loader, skip, make, rewind)

@@ -121,6 +121,11 @@ def is_blank(batch: Any) -> bool:
     return type(batch) is Blank
 
 
+def tagged(loader: DataLoader[Any]) -> bool:
+    """Do ``loader``'s workers report their states (and answer blank batches)?"""
+    return replayable(loader) and isinstance(loader.collate_fn, TagCollate)
+
+
 def blanks(loader: DataLoader[Any], skip: int) -> int:
     """How many blank batches keep the resumed epoch's batch-to-worker mapping."""
-    return skip % loader.num_workers if replayable(loader) else 0
+    return skip % loader.num_workers if tagged(loader) else 0
