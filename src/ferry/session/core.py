@@ -121,7 +121,8 @@ class Session(Hooks):
             if self._resume is not None:
                 self.resumed, self.restored_step = True, self._resume.step
                 self._resume.allow_changed_inputs = self.config.allow_changed_inputs
-                self._resume.check_command(sys.argv)
+                if self.job.writer:  # one rank speaks for the job
+                    self._resume.check_command(sys.argv)
             elif self.job.writer:
                 resume.starting_fresh(self.config.dir, self.job_id, [sys.executable, *sys.argv])
         self.job.update_status("running", step=self.global_step, pid=os.getpid())

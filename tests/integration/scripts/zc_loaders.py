@@ -84,12 +84,16 @@ class _Counting:
         return batch
 
 
+test_loader: DataLoader[Any] | None = None
+
+
 def evaluate(model: nn.Module, test_set: Points, log: Any) -> int:
-    loader = DataLoader(test_set, batch_size=10)  # a new loader at every call
+    global test_loader
+    test_loader = DataLoader(test_set, batch_size=10)  # a new loader at every call, kept till the next
     model.eval()
     correct = seen = 0
     with torch.no_grad():
-        for x, y in loader:
+        for x, y in test_loader:
             correct += int((model(x).argmax(1) == y).sum())
             seen += len(y)
     model.train()
