@@ -76,6 +76,14 @@ def rank_view(loaded: Loaded, rank: int, world: int) -> TrainingState:
                 f"it on {saved} ranks, or from a checkpoint taken at an epoch boundary"
             )
         loaders[name] = {**pos, "complete": pos["batches"] == pos.get("length") and pos["batches"] > 0}
+    if rank == 0:  # allowed, but the job's shape changed: say so once
+        log.warning(
+            "ferry: warning: %s was saved by %d ranks and resumes on %d (taken at an epoch "
+            "boundary, so each loader starts its next epoch on the new shards)",
+            loaded.url,
+            saved,
+            world,
+        )
     return replace(state, loaders=loaders)
 
 

@@ -27,7 +27,7 @@ def loader_inputs(loader: DataLoader[Any]) -> dict[str, Any]:
     """The facts a position of ``loader`` depends on, as plain JSON values."""
     try:
         length: int | None = len(loader.dataset)  # type: ignore[arg-type]
-    except TypeError:
+    except (TypeError, NotImplementedError):  # a dataset without a length
         length = None
     sampler = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
     inner = getattr(sampler, "sampler", sampler)  # a BatchSampler's own sampler decides the order
