@@ -22,10 +22,10 @@ SCRIPT = "zc_loaders.py"
 
 
 def ferry_run(
-    tmp: Path, out: Path, args: list[str], *, stop_at: str = "", options: tuple[str, ...] = ()
+    tmp: Path, out: Path, args: list[str], *, stop_at: str = "", script: Path = SCRIPTS / SCRIPT
 ) -> subprocess.CompletedProcess[str]:
-    cmd = [FERRY, "run", "--dir", str(tmp / "ck"), "--job-id", "zcl", *options, "--",
-           sys.executable, str(SCRIPTS / SCRIPT), "--out", str(out), *args]  # fmt: skip
+    cmd = [FERRY, "run", "--dir", str(tmp / "ck"), "--job-id", "zcl", "--",
+           sys.executable, str(script), "--out", str(out), *args]  # fmt: skip
     env = env_for(tmp / "home", FERRY_TEST_STOP_AT=stop_at)
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
 
@@ -55,7 +55,9 @@ def test_evaluation_per_call_worker_augmentation_and_changed_inputs(
     consumed, the other's is not), then at an epoch boundary (step 20), it ends as the plain
     run: every printed line (losses, the batches' bits, each evaluation's full `Test: N/M`,
     never `0/0`), the weights and the best model it saved. Between the two, a resume with
-    another batch size is refused in one line naming the change and the override."""
+    another batch size is refused in one line naming the change and the override. The last
+    resume runs an edited copy of the script (every line one lower): the training loader
+    still finds its position."""
     args = ["--workers", "2", "--augment"]
     ref = reference_run(tmp_path_factory, SCRIPT, tuple(args))
     out = tmp_path / "run"
@@ -71,8 +73,12 @@ def test_evaluation_per_call_worker_augmentation_and_changed_inputs(
     second = ferry_run(tmp_path, out, args, stop_at="20")
     stopped_at(second, 20)
     assert "resumed from" in second.stderr
-    third = ferry_run(tmp_path, out, args)
+    edited = tmp_path / "edited" / SCRIPT
+    edited.parent.mkdir()
+    edited.write_text("# a comment added after the checkpoint\n" + (SCRIPTS / SCRIPT).read_text())
+    third = ferry_run(tmp_path, out, args, script=edited)
     assert third.returncode == 0, third.stderr
+    assert "resumes the position saved for zc_loaders.py:" in third.stderr, third.stderr
     assert "Test: 0/0" not in (out / "log.txt").read_text()
     same_run(ref, out)
 

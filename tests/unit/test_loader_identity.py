@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from ferry.state.loader_identity import Outcome, active, decide, legacy, note
+from ferry.state.loader_identity import Identity, Outcome, active, decide, legacy, note, relocated
 
 R, C, F = Outcome.RESUME, Outcome.CONTINUE, Outcome.FRESH
 
@@ -72,3 +72,25 @@ def test_site_is_the_line_that_builds_it_and_ordinals_count_per_site() -> None:
     assert second.identity.ordinal == first.identity.ordinal + 1
     assert second.identity.name == f"{first.identity.site}#{second.identity.ordinal}"
     assert second.identity.serial > first.identity.serial
+
+
+def test_a_loader_whose_line_moved_finds_its_saved_position() -> None:
+    """The script was edited between checkpoint and resume: the one saved loader of the
+    same file and ordinal with the same inputs is taken; nothing when that is ambiguous."""
+    train = {"batch_size": 8, "dataset_length": 80, "sampler": "RandomSampler", "drop_last": False}
+    test = {**train, "batch_size": 10, "dataset_length": 30, "sampler": "SequentialSampler"}
+    saved = {
+        "train.py:57": {"inputs": train},
+        "train.py:80": {"inputs": test},
+        "lib.py:60": {"inputs": train},
+    }
+    moved = Identity(site="train.py:60", ordinal=0, serial=0)
+    assert relocated(moved, train, saved) == "train.py:57"
+    assert relocated(moved, {**train, "batch_size": 4}, saved) is None  # other inputs
+    assert relocated(Identity(site="train.py:57", ordinal=0, serial=0), train, saved) is None  # same name
+    assert relocated(Identity(site="train.py:60", ordinal=1, serial=0), train, saved) is None
+    assert relocated(
+        Identity(site="train.py:60", ordinal=1, serial=0), train, {"train.py:57#1": {"inputs": train}}
+    ) == ("train.py:57#1")
+    twins = {"train.py:57": {"inputs": train}, "train.py:58": {"inputs": train}}
+    assert relocated(moved, train, twins) is None

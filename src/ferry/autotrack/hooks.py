@@ -115,6 +115,7 @@ def _name(session: Any, dataloader: Any) -> tuple[str, Any]:
     loaders are named that way again, so that the saved positions still find their loaders."""
     global _legacy_names
     from ferry.state import loader_identity
+    from ferry.state.inputs import loader_inputs
 
     identity = loader_identity.identity_of(dataloader)
     loaded = session.loaded
@@ -122,6 +123,16 @@ def _name(session: Any, dataloader: Any) -> tuple[str, Any]:
     if saved and loader_identity.legacy(saved):
         _legacy_names += 1
         return f"loader{_legacy_names - 1}", None
+    moved = loader_identity.relocated(identity, loader_inputs(dataloader), saved) if saved else None
+    if moved is not None:
+        log.warning(
+            "ferry: warning: the loader built at %s resumes the position saved for %s: the "
+            "script changed since the checkpoint, and it is the one loader of that file with "
+            "the same inputs",
+            identity.site,
+            moved,
+        )
+        return moved, identity
     return identity.name, identity
 
 

@@ -133,6 +133,32 @@ def install_init_hook(on_init: Callable[[type], None] | None = None) -> None:
         DataLoader.__init__ = _init  # type: ignore[method-assign]
 
 
+def relocated(identity: Identity, inputs: dict[str, Any], saved: dict[str, dict[str, Any]]) -> str | None:
+    """The saved name of this loader when the script was edited between the checkpoint and
+    the resume (its line moved): the one saved position of the same file and ordinal, with
+    the same inputs, whose name no loader built so far has. None when the name matches, or
+    when that is not unique."""
+    if identity.name in saved:
+        return None
+    file = identity.site.rpartition(":")[0]
+    existing = {i.name for i in _IDENTITIES.values()}
+    candidates = [
+        name
+        for name, position in saved.items()
+        if name not in existing
+        and name.rpartition(":")[0] == file
+        and _ordinal(name) == identity.ordinal
+        and position.get("inputs") == inputs
+    ]
+    return candidates[0] if len(candidates) == 1 else None
+
+
+def _ordinal(name: str) -> int:
+    _, _, tail = name.rpartition(":")
+    _, sep, ordinal = tail.partition("#")
+    return int(ordinal) if sep and ordinal.isdigit() else 0
+
+
 def legacy(saved: dict[str, Any]) -> bool:
     """Were these loader positions saved under the old names, by first-iteration order?"""
     return all(re.fullmatch(r"loader\d+", name) and "inputs" not in pos for name, pos in saved.items())
