@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from ferry.errors import FerryError
+from ferry.errors import ConfigError, FerryError
 from ferry.runtime.signals import SignalRequests
 
 log = logging.getLogger("ferry")
@@ -144,13 +144,32 @@ def _auto_track(dataloader: Any) -> Any:
     track_loader(name, dataloader, session).identity = identity  # before the session resumes it
     try:
         session.track(**{name: dataloader})
-    except FerryError as exc:  # e.g. inputs changed since the checkpoint: one line, no traceback
-        sys.stderr.write(f"ferry: error: {exc}\n")
-        session.report.crashed(session.global_step, type(exc), exc)
-        session.close()
-        raise SystemExit(exc.exit_code) from None
+    except FerryError as exc:  # e.g. inputs changed since the checkpoint
+        _fail(session, exc)
     return session.loaders[name]
 
 
 def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-    _session().note_optimizer_step()
+    session = _session()
+    if session.restore_pending:  # training before the restore point: it can never come
+        _fail(session, _unmatched(session))
+    session.note_optimizer_step()
+
+
+def _unmatched(session: Any) -> ConfigError:
+    saved = session.loaded.state.get("ferry", {}).get("driver")
+    seen = ", ".join(session.loaders) or "none"
+    return ConfigError(
+        f"{session.loaded.url}: the script trains, but the checkpoint's training loader "
+        f"{saved} matches none of this run's loaders ({seen}): was the script changed since "
+        "the checkpoint? Resume it with the script that was checkpointed, or start fresh in "
+        "another --dir"
+    )
+
+
+def _fail(session: Any, exc: FerryError) -> None:
+    """End the script with one line: no traceback into its loop, the job marked failed."""
+    sys.stderr.write(f"ferry: error: {exc}\n")
+    session.report.crashed(session.global_step, type(exc), exc)
+    session.close()
+    raise SystemExit(exc.exit_code)

@@ -212,6 +212,11 @@ class Session(Hooks):
             self._restore_all()
 
     @property
+    def restore_pending(self) -> bool:
+        """A checkpoint waits for the training loader's first batch to be restored."""
+        return self._restore_pending
+
+    @property
     def _restore_pending(self) -> bool:
         return self._resume is not None and self._resume.pending
 
