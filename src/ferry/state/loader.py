@@ -5,6 +5,10 @@ iterator it returns is wrapped so that each batch request is a safe point. On re
 interrupted epoch's iterator is rebuilt from the RNG state the epoch began with (so the
 shuffle permutation and worker seeds are the same) and the consumed batches are skipped
 at the sampler: their indices are drawn, their samples are never loaded.
+
+Beside it: which live loader a saved position belongs to (``loader_identity``), the
+workers' RNG streams replayed mid-epoch (``worker_rng``), what a position depends on
+(``inputs``), and loaders that keep their own position (``stateful_loader``).
 """
 
 from __future__ import annotations
