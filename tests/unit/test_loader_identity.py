@@ -10,7 +10,17 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from ferry.state.loader_identity import Identity, Outcome, active, decide, legacy, note, relocated
+from ferry.state.loader_identity import (
+    Identity,
+    Outcome,
+    active,
+    decide,
+    legacy,
+    note,
+    relocated,
+    replays_finished_epoch,
+    succeeds,
+)
 
 R, C, F = Outcome.RESUME, Outcome.CONTINUE, Outcome.FRESH
 
@@ -75,22 +85,49 @@ def test_site_is_the_line_that_builds_it_and_ordinals_count_per_site() -> None:
 
 
 def test_a_loader_whose_line_moved_finds_its_saved_position() -> None:
-    """The script was edited between checkpoint and resume: the one saved loader of the
-    same file and ordinal with the same inputs is taken; nothing when that is ambiguous."""
+    """The script was edited between checkpoint and resume: the one saved site of the same
+    file that built a loader with the same inputs is taken, ordinals kept; nothing when that
+    is ambiguous, or when the loader's own site is in the checkpoint."""
     train = {"batch_size": 8, "dataset_length": 80, "sampler": "RandomSampler", "drop_last": False}
     test = {**train, "batch_size": 10, "dataset_length": 30, "sampler": "SequentialSampler"}
     saved = {
-        "train.py:57": {"inputs": train},
+        "train.py:57#3": {"inputs": train},
         "train.py:80": {"inputs": test},
         "lib.py:60": {"inputs": train},
     }
-    moved = Identity(site="train.py:60", ordinal=0, serial=0)
-    assert relocated(moved, train, saved) == "train.py:57"
+    moved = Identity(site="train.py:60", ordinal=1, serial=0)
+    found = relocated(moved, train, saved)
+    assert found is not None and (found.site, found.ordinal, found.name) == (
+        "train.py:57",
+        1,
+        "train.py:57#1",
+    )
     assert relocated(moved, {**train, "batch_size": 4}, saved) is None  # other inputs
-    assert relocated(Identity(site="train.py:57", ordinal=0, serial=0), train, saved) is None  # same name
-    assert relocated(Identity(site="train.py:60", ordinal=1, serial=0), train, saved) is None
-    assert relocated(
-        Identity(site="train.py:60", ordinal=1, serial=0), train, {"train.py:57#1": {"inputs": train}}
-    ) == ("train.py:57#1")
+    assert relocated(Identity(site="train.py:57", ordinal=0, serial=0), train, saved) is None  # its own site
     twins = {"train.py:57": {"inputs": train}, "train.py:58": {"inputs": train}}
     assert relocated(moved, train, twins) is None
+
+
+@pytest.mark.parametrize(
+    ("site", "ordinal", "driver", "replays"),
+    [
+        ("train.py:57", 0, "train.py:57#2", True),  # a loader per epoch: epochs 0 and 1 are done
+        ("train.py:57", 1, "train.py:57#2", True),
+        ("train.py:57", 2, "train.py:57#2", False),  # the saved one itself
+        ("train.py:57", 0, "train.py:57", False),  # built once
+        ("train.py:90", 0, "train.py:57#2", False),  # another line
+        ("train.py:57", 0, None, False),  # no training loader saved
+    ],
+)
+def test_training_loaders_built_per_epoch_replay_finished_epochs(
+    site: str, ordinal: int, driver: str | None, replays: bool
+) -> None:
+    assert replays_finished_epoch(Identity(site=site, ordinal=ordinal, serial=0), driver) is replays
+
+
+def test_a_training_loader_built_anew_takes_over_at_its_line() -> None:
+    first = Identity(site="train.py:57", ordinal=0, serial=4)
+    assert succeeds(Identity(site="train.py:57", ordinal=1, serial=9), first)
+    assert not succeeds(Identity(site="train.py:90", ordinal=0, serial=9), first)  # an evaluation loader
+    assert not succeeds(first, first)
+    assert not succeeds(None, first)  # explicit mode: the user's names decide

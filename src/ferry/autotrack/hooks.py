@@ -107,6 +107,7 @@ def _session() -> Any:
 
 
 _legacy_names = 0
+_moved_warned: set[str] = set()
 
 
 def _name(session: Any, dataloader: Any) -> tuple[str, Any]:
@@ -124,15 +125,17 @@ def _name(session: Any, dataloader: Any) -> tuple[str, Any]:
         _legacy_names += 1
         return f"loader{_legacy_names - 1}", None
     moved = loader_identity.relocated(identity, loader_inputs(dataloader), saved) if saved else None
-    if moved is not None:
+    if moved is not None and identity.site not in _moved_warned:
+        _moved_warned.add(identity.site)
         log.warning(
-            "ferry: warning: the loader built at %s resumes the position saved for %s: the "
-            "script changed since the checkpoint, and it is the one loader of that file with "
-            "the same inputs",
+            "ferry: warning: the loader built at %s is taken for the one saved as built at %s: "
+            "the script changed since the checkpoint, and that is the one line of the file "
+            "that built a loader with the same inputs",
             identity.site,
-            moved,
+            moved.site,
         )
-        return moved, identity
+    if moved is not None:
+        identity = moved
     return identity.name, identity
 
 

@@ -30,6 +30,7 @@ from ferry.schedulers import detect as detect_scheduler
 from ferry.session import checkpointer, policy, resume
 from ferry.session.reporting import Reporter
 from ferry.session.rngwatch import GeneratorWatch, Look
+from ferry.state import loader_identity
 from ferry.state.generators import GeneratorState
 from ferry.state.loader import Hooks, LoaderTracker, protect_workers, track_loader, untrack_all
 from ferry.state.training import TrainingState
@@ -152,6 +153,8 @@ class Session(Hooks):
                 if self.driver is None or name == "loader":
                     self.driver = tracker
                     self._driver_pinned = name == "loader"
+                elif loader_identity.succeeds(tracker.identity, self.driver.identity):
+                    self.driver = tracker  # the script builds its training loader anew each epoch
             elif is_stateful(obj) or isinstance(obj, (dict, list)):
                 self.objects[name] = obj
             elif GeneratorState.accepts(obj):

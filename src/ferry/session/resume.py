@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from torch.utils.data import IterableDataset
+
 from ferry.engine import Loaded, load
 from ferry.engine.ranks import rank_part
 from ferry.errors import ConfigError, NoCheckpointError
@@ -108,9 +110,11 @@ class Resume:
     def resume_loader(self, tracker: LoaderTracker, *, relative: bool, driver: bool) -> None:
         """Tell a loader where it was. ``relative``: at its next iter(), not at the saved epoch."""
         position = self.state.loaders.get(tracker.name)
-        if position is None:
-            return
         identity = tracker.identity
+        if position is None:
+            if identity is not None and not relative:
+                self._replay_finished_epoch(tracker, identity)
+            return
         outcome = loader_identity.decide(
             zero_code=identity is not None,
             before_restore=not relative,
@@ -128,6 +132,21 @@ class Resume:
         tracker.resume_at = position
         tracker.relative = relative
         tracker.restore_pending = not relative and driver
+
+    def _replay_finished_epoch(self, tracker: LoaderTracker, identity: loader_identity.Identity) -> None:
+        """A training loader built for an epoch the checkpoint covers: its one epoch is
+        finished already, so it yields nothing (its indices are drawn, nothing is loaded)."""
+        loader = tracker.loader_ref()
+        if loader is None or isinstance(loader.dataset, IterableDataset):  # no sampler to skip at
+            return
+        if not loader_identity.replays_finished_epoch(identity, self.state.driver):
+            return
+        try:
+            length = len(loader)
+        except TypeError:
+            return
+        tracker.resume_at = {"epoch": 0, "batches": length, "length": length, "epoch_rng": None}
+        tracker.relative = tracker.restore_pending = False
 
     def check_inputs(self, tracker: LoaderTracker, position: dict[str, Any]) -> None:
         """ConfigError when the loader's position would mean other samples now (unless

@@ -25,7 +25,7 @@ import re
 import sys
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType
 from typing import Any
 
@@ -133,29 +133,49 @@ def install_init_hook(on_init: Callable[[type], None] | None = None) -> None:
         DataLoader.__init__ = _init  # type: ignore[method-assign]
 
 
-def relocated(identity: Identity, inputs: dict[str, Any], saved: dict[str, dict[str, Any]]) -> str | None:
-    """The saved name of this loader when the script was edited between the checkpoint and
-    the resume (its line moved): the one saved position of the same file and ordinal, with
-    the same inputs, whose name no loader built so far has. None when the name matches, or
-    when that is not unique."""
-    if identity.name in saved:
+def relocated(
+    identity: Identity, inputs: dict[str, Any], saved: dict[str, dict[str, Any]]
+) -> Identity | None:
+    """This loader's identity in the checkpoint's terms when the script was edited between
+    the checkpoint and the resume and its line moved: the one saved site of the same file,
+    with a loader of the same inputs, at which no loader has been built in this run. None
+    when its own site is in the checkpoint, or when no site or several fit."""
+    sites = {_site_of(name) for name in saved}
+    if identity.site in sites:
         return None
     file = identity.site.rpartition(":")[0]
-    existing = {i.name for i in _IDENTITIES.values()}
-    candidates = [
-        name
+    built = {i.site for i in _IDENTITIES.values()}
+    candidates = {
+        _site_of(name)
         for name, position in saved.items()
-        if name not in existing
-        and name.rpartition(":")[0] == file
-        and _ordinal(name) == identity.ordinal
+        if _site_of(name).rpartition(":")[0] == file
+        and _site_of(name) not in built
         and position.get("inputs") == inputs
-    ]
-    return candidates[0] if len(candidates) == 1 else None
+    }
+    if len(candidates) != 1:
+        return None
+    return replace(identity, site=candidates.pop())
+
+
+def _site_of(name: str) -> str:
+    return name.partition("#")[0]
+
+
+def succeeds(new: Identity | None, driver: Identity | None) -> bool:
+    """Does a loader built at the training loader's line, after it, take over from it (a
+    script that builds its training loader anew each epoch)?"""
+    return new is not None and driver is not None and new.site == driver.site and new.serial > driver.serial
+
+
+def replays_finished_epoch(identity: Identity, driver: str | None) -> bool:
+    """Is this loader, met before the restore point, one the script built at the training
+    loader's line for an epoch the checkpoint already covers (a script that builds its
+    training loader anew each epoch)? Its ordinal there is below the saved loader's."""
+    return driver is not None and identity.site == _site_of(driver) and identity.ordinal < _ordinal(driver)
 
 
 def _ordinal(name: str) -> int:
-    _, _, tail = name.rpartition(":")
-    _, sep, ordinal = tail.partition("#")
+    _, sep, ordinal = name.partition("#")
     return int(ordinal) if sep and ordinal.isdigit() else 0
 
 

@@ -2,7 +2,8 @@
 tell apart: a step loop over a shuffled training loader, an evaluate() that builds a new
 test loader at every call, prints "Test: N/M correct" and saves the best model; random
 augmentation in Dataset.__getitem__ (torch, random and numpy, in the DataLoader's workers
-with --workers N); with --stateful, a loader that keeps its own position through
+with --workers N); with --epochs N, an epoch loop that builds its training loader anew
+each epoch; with --stateful, a loader that keeps its own position through
 StatefulDataLoader's protocol (torchdata's own class with --torchdata).
 
 The test stops it at chosen steps through FERRY_TEST_STOP_AT (comma-separated steps): the
@@ -101,6 +102,10 @@ def evaluate(model: nn.Module, test_set: Points, log: Any) -> int:
     return correct
 
 
+def make_loader(data: Points, kwargs: dict[str, Any]) -> DataLoader[Any]:
+    return DataLoader(data, **kwargs)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -111,6 +116,7 @@ def main() -> None:
     p.add_argument("--augment", action="store_true")
     p.add_argument("--stateful", action="store_true")
     p.add_argument("--torchdata", action="store_true")
+    p.add_argument("--epochs", type=int, default=0, help="an epoch loop, the loader built in it")
     args = p.parse_args()
     stops = {int(s) for s in os.environ.get("FERRY_TEST_STOP_AT", "").split(",") if s}
     torch.manual_seed(5)
@@ -120,28 +126,15 @@ def main() -> None:
     y = (x[:, 0] > 0).long() + (x[:, 1] > 0.3).long()
     train_set, test_set = Points(x[:80], y[:80], args.augment), Points(x[80:], y[80:], False)
     kwargs: dict[str, Any] = {"batch_size": args.batch_size, "shuffle": True, "num_workers": args.workers}
-    if args.torchdata:
-        from torchdata.stateful_dataloader import StatefulDataLoader
-
-        train = StatefulDataLoader(train_set, **kwargs)
-    elif args.stateful:
-        train = CountingLoader(train_set, generator=torch.Generator().manual_seed(1), **kwargs)
-    else:
-        train = DataLoader(train_set, **kwargs)
     model = nn.Sequential(nn.Linear(6, 24), nn.ReLU(), nn.Dropout(0.2), nn.Linear(24, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.02 * s))
     os.makedirs(args.out, exist_ok=True)
     best_path = os.path.join(args.out, "best.pt")
-    best = torch.load(best_path)["correct"] if os.path.exists(best_path) else -1
+    best = [torch.load(best_path)["correct"] if os.path.exists(best_path) else -1]
     log = open(os.path.join(args.out, "log.txt"), "a")  # noqa: SIM115
-    it = iter(train)
-    while sched.last_epoch < args.steps:  # the step budget lives in the scheduler
-        try:
-            xb, yb = next(it)
-        except StopIteration:
-            it = iter(train)
-            xb, yb = next(it)
+
+    def train_step(xb: torch.Tensor, yb: torch.Tensor) -> None:
         loss = nn.functional.cross_entropy(model(xb), yb)
         opt.zero_grad()
         loss.backward()
@@ -152,12 +145,35 @@ def main() -> None:
         log.flush()
         if step % args.eval_every == 0:
             correct = evaluate(model, test_set, log)
-            if correct > best:
-                best = correct
+            if correct > best[0]:
+                best[0] = correct
                 torch.save({"correct": correct, "model": model.state_dict()}, best_path)
             log.flush()
         if step in stops:
             os.kill(os.getpid(), signal.SIGUSR1)
+
+    if args.epochs:
+        for _epoch in range(args.epochs):
+            epoch_loader = make_loader(train_set, kwargs)  # built anew each epoch
+            for xb, yb in epoch_loader:
+                train_step(xb, yb)
+    else:
+        if args.torchdata:
+            from torchdata.stateful_dataloader import StatefulDataLoader
+
+            train: DataLoader[Any] = StatefulDataLoader(train_set, **kwargs)
+        elif args.stateful:
+            train = CountingLoader(train_set, generator=torch.Generator().manual_seed(1), **kwargs)
+        else:
+            train = make_loader(train_set, kwargs)
+        it = iter(train)
+        while sched.last_epoch < args.steps:  # the step budget lives in the scheduler
+            try:
+                xb, yb = next(it)
+            except StopIteration:
+                it = iter(train)
+                xb, yb = next(it)
+            train_step(xb, yb)
     with open(os.path.join(args.out, "params.txt"), "w") as f:
         for name, t in model.state_dict().items():
             f.write(f"{name} {t.numpy().tobytes().hex()}\n")
