@@ -145,7 +145,9 @@ class Resume:
             length = len(loader)
         except TypeError:
             return
-        tracker.resume_at = {"epoch": 0, "batches": length, "length": length, "epoch_rng": None}
+        # epoch 1 of a loader met in its epoch 0: a fast-forwarded epoch, empty in a for loop
+        # without even starting its workers (state/loader.py, _FastForward)
+        tracker.resume_at = {"epoch": 1, "batches": length, "length": length, "epoch_rng": None}
         tracker.relative = tracker.restore_pending = False
 
     def check_inputs(self, tracker: LoaderTracker, position: dict[str, Any]) -> None:
