@@ -120,6 +120,10 @@ class Config:
     ignore_generators: tuple[str, ...] = ()
     """Zero-code mode: global random generators of the script, by variable name, not to warn
     about when training draws from them (FERRY_IGNORE_GENERATORS=name,name)."""
+    allow_changed_inputs: bool = False
+    """Resume even when a loader's batch size, dataset length, sampler or drop_last differ
+    from the checkpoint's (with a warning); by default such a resume is refused, since the
+    saved position would mean other samples (FERRY_ALLOW_CHANGED_INPUTS=1)."""
     handoff_dir: str | None = None
     """A host-memory folder (tmpfs) for in-place restarts: a stop for a restart leaves a
     second copy of its checkpoint there, and the restarted worker loads that copy instead of

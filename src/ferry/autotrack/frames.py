@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from ferry.autotrack import stack
+from ferry.errors import bug
 
 log = logging.getLogger("ferry")
 _SCALARS = (int, float, bool, str, type(None), np.integer, np.floating, np.bool_)
@@ -218,7 +219,8 @@ def capture(start: FrameType | None, params: set[int], root: str | None = None) 
     seen = _Seen()
     frames = []
     for frame in loop_frames(start, root):
-        assert root is not None
+        if root is None:
+            raise bug("loop frames without the script's module frame")
         frames.append(_frame_state(frame, root, params, seen))
     return Captured(frames, seen.problems, seen.containers)
 
@@ -390,7 +392,8 @@ def _set(it: Any, state: dict[str, Any]) -> bool:
         if at is not None:
             it.__setstate__(at)
         return True
-    assert isinstance(at, dict)
+    if not isinstance(at, dict):
+        raise bug(f"a saved {kind} position of type {type(at).__name__}")
     if kind == "enumerate":
         inner = it.__reduce__()[1][0]
         return _set(inner, at["inner"]) and stack.set_enumerate_count(it, int(at["count"]))

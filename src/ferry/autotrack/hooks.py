@@ -1,10 +1,12 @@
 """Zero-code hooks, armed by ferry's sitecustomize when ``FERRY_AUTOTRACK=1``.
 
-Narrow hook points only: ``DataLoader.__iter__`` (each loader is tracked the first time it
-is iterated), torch's global optimizer step hook (it tells which loader feeds training,
-and is the safe point where no loader does) and, until an optimizer steps or a loader
-drives training, torch's global module forward pre-hook (the safe point of a model
-trained by hand, ``stepping.py``). No builtins are patched, no bound methods replaced.
+Narrow hook points only: ``DataLoader.__init__`` (it notes where the script built each
+loader: the loader's name, state/loader_identity.py), ``DataLoader.__iter__`` (each loader
+is tracked the first time it is iterated), torch's global optimizer step hook (it tells
+which loader feeds training, and is the safe point where no loader does) and, until an
+optimizer steps or a loader drives training, torch's global module forward pre-hook (the
+safe point of a model trained by hand, ``stepping.py``). No builtins are patched, no bound
+methods replaced.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from ferry.errors import FerryError
+from ferry.errors import ConfigError, FerryError
 from ferry.runtime.signals import SignalRequests
 
 log = logging.getLogger("ferry")
@@ -91,15 +93,33 @@ def _install() -> None:
     from ferry.autotrack.keeper import LoopKeeper
     from ferry.autotrack.stepping import Stepper
     from ferry.session import api
-    from ferry.state import loader
+    from ferry.state import loader, loader_identity, stateful_loader
 
     global _stepper
     _stepper = Stepper(LoopKeeper(), _session)
     api.factory = _make
+    loader_identity.install_init_hook(loader.hook_class)  # a stateful loader's own __iter__
     loader.auto_track = _auto_track
     loader.install_iter_hook()
+    for module, name in stateful_loader.KNOWN.items():
+        hook = _stateful_class_hook(module, name)
+        if module in sys.modules:
+            hook()
+        else:
+            sys.meta_path.insert(0, _AfterImport(module, hook))
     register_optimizer_step_post_hook(_after_optimizer_step)
     _stepper.arm_forward()
+
+
+def _stateful_class_hook(module: str, name: str) -> Callable[[], None]:
+    def hook() -> None:
+        from ferry.state import loader_identity
+
+        cls = getattr(sys.modules[module], name, None)
+        if isinstance(cls, type):
+            loader_identity.hook_init_of(cls)
+
+    return hook
 
 
 def _session() -> Any:
@@ -127,13 +147,83 @@ def _make() -> Any:
     return current
 
 
+_legacy_names = 0
+_moved_warned: set[str] = set()
+
+
+def _name(session: Any, dataloader: Any) -> tuple[str, Any]:
+    """The loader's name and identity. A checkpoint from before loaders had identities
+    names them by the order they were first iterated (``loader0``, ...): resuming one, the
+    loaders are named that way again, so that the saved positions still find their loaders."""
+    global _legacy_names
+    from ferry.state import loader_identity
+    from ferry.state.inputs import loader_inputs
+
+    identity = loader_identity.identity_of(dataloader)
+    loaded = session.loaded
+    saved = loaded.state.get("ferry", {}).get("loaders", {}) if loaded is not None else {}
+    if saved and loader_identity.legacy(saved):
+        _legacy_names += 1
+        return f"loader{_legacy_names - 1}", None
+    moved = loader_identity.relocated(identity, loader_inputs(dataloader), saved) if saved else None
+    if moved is not None and identity.site not in _moved_warned:
+        _moved_warned.add(identity.site)
+        log.warning(
+            "ferry: warning: the loader built at %s is taken for the one saved as built at %s: "
+            "the script changed since the checkpoint, and that is the one line of the file "
+            "that built a loader with the same inputs",
+            identity.site,
+            moved.site,
+        )
+    if moved is not None:
+        identity = moved
+    return identity.name, identity
+
+
 def _auto_track(dataloader: Any) -> Any:
+    from ferry.state.loader import track_loader
+
     session = _session()
-    name = f"loader{len(session.loaders)}"
-    session.track(**{name: dataloader})
+    name, identity = _name(session, dataloader)
+    track_loader(name, dataloader, session).identity = identity  # before the session resumes it
+    try:
+        session.track(**{name: dataloader})
+    except FerryError as exc:  # e.g. inputs changed since the checkpoint
+        _fail(session, exc)
     return session.loaders[name]
 
 
 def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-    _session().note_optimizer_step()
+    session = _session()
+    if session.restore_pending and _trained_by_loader(session):  # before the restore point
+        _fail(session, _unmatched(session))
+    session.note_optimizer_step()
     _stepper.after_optimizer_step()
+
+
+def _trained_by_loader(session: Any) -> bool:
+    """Whether the checkpoint's steps were a training loader's (its restore point is that
+    loader's first batch, which an optimizer step here came before): not a script whose
+    safe points are its optimizer steps or its model's forwards."""
+    saved = session.loaded.state.get("ferry", {})
+    frames = saved.get("frames") or {}
+    return saved.get("driver") is not None and frames.get("by", "loader") == "loader"
+
+
+def _unmatched(session: Any) -> ConfigError:
+    saved = session.loaded.state.get("ferry", {}).get("driver")
+    seen = ", ".join(session.loaders) or "none"
+    return ConfigError(
+        f"{session.loaded.url}: the script trains, but the checkpoint's training loader "
+        f"{saved} matches none of this run's loaders ({seen}): was the script changed since "
+        "the checkpoint? Resume it with the script that was checkpointed, or start fresh in "
+        "another --dir"
+    )
+
+
+def _fail(session: Any, exc: FerryError) -> None:
+    """End the script with one line: no traceback into its loop, the job marked failed."""
+    sys.stderr.write(f"ferry: error: {exc}\n")
+    session.report.crashed(session.global_step, type(exc), exc)
+    session.close()
+    raise SystemExit(exc.exit_code)

@@ -20,6 +20,8 @@ from functools import cache
 from types import CodeType, FrameType
 from typing import Any
 
+from ferry.errors import bug
+
 _PTR = ctypes.sizeof(ctypes.c_void_p)
 _LOCALSPLUS = 72
 """Offset of ``localsplus`` in ``_PyInterpreterFrame`` on CPython 3.11 to 3.13 (64-bit)."""
@@ -72,7 +74,8 @@ def _depths(code: CodeType) -> dict[int, int]:
 
 def _slot(frame: FrameType, index: int) -> Any:
     interp = ctypes.c_void_p.from_address(id(frame) + _F_FRAME).value
-    assert interp is not None
+    if interp is None:
+        raise bug("a running frame without its interpreter frame")
     address = ctypes.c_void_p.from_address(interp + _LOCALSPLUS + index * _PTR).value
     if not address:
         return None

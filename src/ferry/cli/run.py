@@ -121,6 +121,14 @@ The job directory layout and the restart rules: docs/jobs.md.""",
     "--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="Set a variable for the command."
 )
 @click.option(
+    "--allow-changed-inputs",
+    is_flag=True,
+    envvar="FERRY_ALLOW_CHANGED_INPUTS",
+    show_envvar=True,
+    help="Resume even when a loader's batch size, dataset length, sampler or drop_last changed "
+    "since the checkpoint (refused otherwise: the saved position would mean other samples).",
+)
+@click.option(
     "--no-autotrack",
     is_flag=True,
     help="No zero-code hooks: for scripts that use ferry's explicit API, or none at all.",
@@ -141,6 +149,7 @@ def run_cmd(
     max_failures: int,
     backoff: float,
     env_pairs: tuple[str, ...],
+    allow_changed_inputs: bool,
     no_autotrack: bool,
     as_json: bool,
     command: tuple[str, ...],
@@ -158,6 +167,7 @@ def run_cmd(
         max_failures=max_failures,
         backoff_seconds=backoff,
         autotrack=not no_autotrack,
+        allow_changed_inputs=allow_changed_inputs,
         env=_env_pairs(env_pairs),
     )
     supervisor = Supervisor(command, options)

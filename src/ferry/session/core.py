@@ -32,6 +32,7 @@ from ferry.schedulers import detect as detect_scheduler
 from ferry.session import checkpointer, policy, resume, warm
 from ferry.session.reporting import Reporter
 from ferry.session.rngwatch import GeneratorWatch, Look
+from ferry.state import loader_identity
 from ferry.state.generators import GeneratorState
 from ferry.state.loader import Hooks, LoaderTracker, protect_workers, track_loader, untrack_all
 from ferry.state.training import TrainingState
@@ -141,6 +142,11 @@ class Session(Hooks):
             self._resume = resume.find(self.config.dir, self.checkpointer)
             if self._resume is not None:
                 self.resumed, self.restored_step = True, self._resume.step
+                self._resume.allow_changed_inputs = self.config.allow_changed_inputs
+                if self.job.writer:  # one rank speaks for the job
+                    self._resume.check_command(sys.argv)
+            elif self.job.writer:
+                resume.starting_fresh(self.config.dir, self.job_id, [sys.executable, *sys.argv])
         self._first_steps: list[float] | None = [] if self.resumed else None
         """After a resume: when the first safe points were passed (``ferry migrate`` takes the
         first step's warm-up, beyond the second's length, as part of the downtime)."""
@@ -171,6 +177,8 @@ class Session(Hooks):
                 if self.driver is None or name == "loader":
                     self.driver = tracker
                     self._driver_pinned = name == "loader"
+                elif loader_identity.succeeds(tracker.identity, self.driver.identity):
+                    self.driver = tracker  # the script builds its training loader anew each epoch
             elif is_stateful(obj) or isinstance(obj, (dict, list)):
                 self.objects[name] = obj
             elif GeneratorState.accepts(obj):
@@ -283,6 +291,11 @@ class Session(Hooks):
             self._restore_all()
 
     @property
+    def restore_pending(self) -> bool:
+        """A checkpoint waits for the training loader's first batch to be restored."""
+        return self._restore_pending
+
+    @property
     def _restore_pending(self) -> bool:
         return self._resume is not None and self._resume.pending
 
@@ -389,6 +402,11 @@ class Session(Hooks):
     # ------------------------------------------------------------------ checkpoints
     def _capture(self) -> TrainingState:
         self._discover()
+        # A loader that is gone (one an evaluate() call built and dropped) has no position
+        # to resume; forgetting it also keeps the checkpoint from growing with every call.
+        self.loaders = {
+            n: t for n, t in self.loaders.items() if t.loader_ref() is not None or t is self.driver
+        }
         return TrainingState.capture(
             self.objects,
             self.loaders,

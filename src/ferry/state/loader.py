@@ -5,6 +5,10 @@ iterator it returns is wrapped so that each batch request is a safe point. On re
 interrupted epoch's iterator is rebuilt from the RNG state the epoch began with (so the
 shuffle permutation and worker seeds are the same) and the consumed batches are skipped
 at the sampler: their indices are drawn, their samples are never loaded.
+
+Beside it: which live loader a saved position belongs to (``loader_identity``), the
+workers' RNG streams replayed mid-epoch (``worker_rng``), what a position depends on
+(``inputs``), and loaders that keep their own position (``stateful_loader``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from ferry.errors import bug
+from ferry.state import stateful_loader, worker_rng
+from ferry.state.inputs import loader_inputs
+from ferry.state.loader_identity import Identity
 from ferry.state.rng import own, set_generator_state
 
 log = logging.getLogger("ferry")
@@ -81,10 +88,13 @@ def apply_epoch_rng(loader: DataLoader[Any], state: dict[str, Any]) -> None:
 
 
 class _SkipIter:
-    """The sampler's iterator, started eagerly, with its first ``skip`` items dropped."""
+    """The sampler's iterator, started eagerly, with its first ``skip`` items dropped and
+    ``blank`` empty batches in front (state/worker_rng.py)."""
 
-    def __init__(self, sampler: Any, skip: int, rewind: Callable[[], None] | None = None) -> None:
-        self._sampler, self._skip, self._rewind = sampler, skip, rewind
+    def __init__(
+        self, sampler: Any, skip: int, rewind: Callable[[], None] | None = None, blank: int = 0
+    ) -> None:
+        self._sampler, self._skip, self._rewind, self._blank = sampler, skip, rewind, blank
         self._it: Iterator[Any] | None = None
         self._head: Any = _END
 
@@ -108,6 +118,9 @@ class _SkipIter:
         self.prime()
         if self._it is None:
             raise bug("a loader skip without an iterator")
+        if self._blank:
+            self._blank -= 1
+            return []
         if self._head is not _END:
             head, self._head = self._head, _END
             return head
@@ -118,15 +131,17 @@ class _SkipSampler:
     """Stands in for the loader's index sampler while the resumed epoch's iterator is built.
     One-shot: a persistent-workers iterator keeps it and later epochs iterate normally."""
 
-    def __init__(self, inner: Any, skip: int, rewind: Callable[[], None] | None = None) -> None:
-        self.inner, self.skip, self.rewind = inner, skip, rewind
+    def __init__(
+        self, inner: Any, skip: int, rewind: Callable[[], None] | None = None, blank: int = 0
+    ) -> None:
+        self.inner, self.skip, self.rewind, self.blank = inner, skip, rewind, blank
         self.started: _SkipIter | None = None
 
     def __iter__(self) -> Iterator[Any]:
         # A multi-worker iterator calls iter() twice while it is built: both get the same
         # skipping iterator. Once that one has started, later epochs iterate normally.
         if self.started is None:
-            self.started = _SkipIter(self.inner, self.skip, self.rewind)
+            self.started = _SkipIter(self.inner, self.skip, self.rewind, self.blank)
             return self.started
         if self.started._it is None:
             return self.started
@@ -144,10 +159,11 @@ def _build_skipping(
     skip: int,
     make: Callable[[], Iterator[Any]],
     rewind: Callable[[], None] | None = None,
+    blank: int = 0,
 ) -> Iterator[Any]:
     attr = "batch_sampler" if loader.batch_sampler is not None else "sampler"
     inner = getattr(loader, attr)
-    wrapper = _SkipSampler(inner, skip, rewind)
+    wrapper = _SkipSampler(inner, skip, rewind, blank)
     object.__setattr__(loader, attr, wrapper)  # DataLoader forbids this after init; undone below
     try:
         it = make()
@@ -180,6 +196,10 @@ class LoaderTracker:
         self.restore_pending = False
         self.relative = False
         """Resume at the very next iter() (explicit restore), not at the saved epoch index."""
+        self.identity: Identity | None = None
+        """Zero-code mode: where the script built the loader (state/loader_identity.py)."""
+        self.worker_rng: dict[str, Any] = {}
+        """Per worker id, its RNG state after its last consumed batch (state/worker_rng.py)."""
 
     # ------------------------------------------------------------------ checkpoint
     def position(self) -> dict[str, Any]:
@@ -191,6 +211,9 @@ class LoaderTracker:
             "length": _length(loader),
             "epoch_rng": self.epoch_rng,
             "generators": gens,
+            "worker_rng": dict(self.worker_rng),
+            **({} if loader is None else {"inputs": loader_inputs(loader)}),
+            **({} if loader is None else stateful_loader.position(loader)),
         }
 
     def restore_generators(self, position: dict[str, Any]) -> None:
@@ -203,6 +226,8 @@ class LoaderTracker:
     def new_epoch(self, loader: DataLoader[Any], make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
         self.epoch += 1
         self.batches = 0
+        if not loader.persistent_workers:  # new workers, newly seeded
+            self.worker_rng = {}
         target = self.resume_at
         if target is not None and not self.relative and self.hooks.resume_in_place(self):
             self.relative = True  # the script's loop is put back too: continue the saved epoch now
@@ -225,9 +250,9 @@ class LoaderTracker:
         """Build the epoch's iterator with its sampler started at once, skipping ``skip``
         batches. Starting the sampler in iter() (rather than at the first batch) makes the
         random draws happen in the same order in a fresh and in a resumed epoch."""
-        if isinstance(loader.dataset, IterableDataset):
+        if isinstance(loader.dataset, IterableDataset) or stateful_loader.is_stateful(loader):
             return make()
-        return _build_skipping(loader, skip, make, rewind)
+        return _build_skipping(loader, skip, make, rewind, worker_rng.blanks(loader, skip))
 
     def _resume_epoch(
         self, loader: DataLoader[Any], make: Callable[[], Iterator[Any]], target: dict[str, Any]
@@ -239,7 +264,11 @@ class LoaderTracker:
         self.epoch_rng = target["epoch_rng"]
         if self.epoch_rng is not None:
             apply_epoch_rng(loader, self.epoch_rng)
-        if isinstance(loader.dataset, IterableDataset):
+        if stateful_loader.is_stateful(loader) and "loader_state" in target:
+            # the loader keeps its own position (StatefulDataLoader's protocol): it resumes itself
+            stateful_loader.load(loader, target["loader_state"])
+            it = make()
+        elif isinstance(loader.dataset, IterableDataset):
             it = make()
             if skip:
                 log.warning(
@@ -257,7 +286,15 @@ class LoaderTracker:
             epoch_rng = self.epoch_rng
             persistent = loader.persistent_workers and loader.num_workers > 0 and self.epoch > 0
             rewind = (lambda: apply_epoch_rng(loader, epoch_rng)) if persistent and epoch_rng else None
-            it = self._build(loader, skip, make, rewind)
+            self.worker_rng = dict(target.get("worker_rng") or {})
+            starts = loader.worker_init_fn if isinstance(loader.worker_init_fn, WorkerInit) else None
+            if starts is not None and worker_rng.tagged(loader):
+                starts.rng_states = self.worker_rng  # the workers start in _build, from these
+            try:
+                it = self._build(loader, skip, make, rewind)
+            finally:
+                if starts is not None:
+                    starts.rng_states = None  # workers of later epochs start as PyTorch seeds them
         self.batches = skip
         if self.restore_pending:
             return TrackedIter(self, it, restore_point=True)
@@ -329,6 +366,9 @@ class TrackedIter:
             hooks.at_restore_point(self.tracker)
         hooks.before_batch(self.tracker)
         batch = next(self.real)
+        while worker_rng.is_blank(batch):  # only first, in an epoch resumed with workers
+            batch = next(self.real)
+        batch = worker_rng.unwrap(batch, self.tracker.worker_rng)
         self.tracker.batches += 1
         hooks.after_batch(self.tracker)
         return batch
@@ -343,16 +383,49 @@ auto_track: Callable[[DataLoader[Any]], LoaderTracker | None] | None = None
 """Zero-code mode sets this: every loader is tracked the first time it is iterated."""
 
 
+_BUILDING: set[int] = set()
+"""Loaders whose own ``__iter__`` is building their iterator (a hooked subclass's): a call
+it makes to ``DataLoader.__iter__`` is part of that, not a new epoch."""
+
+
+def _tracked_iter(
+    self: DataLoader[Any], original: Callable[[DataLoader[Any]], Iterator[Any]]
+) -> Iterator[Any]:
+    tracker = _TRACKED.get(self)
+    if tracker is None and auto_track is not None and id(self) not in _BUILDING:
+        tracker = auto_track(self)
+    if tracker is None or id(self) in _BUILDING:
+        return original(self)
+
+    def make() -> Iterator[Any]:
+        _BUILDING.add(id(self))
+        try:
+            return original(self)
+        finally:
+            _BUILDING.discard(id(self))
+
+    return tracker.new_epoch(self, make)
+
+
 def _iter(self: DataLoader[Any]) -> Iterator[Any]:
     if _original_iter is None:
         raise bug("DataLoader.__iter__ was not captured before it was patched")
-    tracker = _TRACKED.get(self)
-    if tracker is None and auto_track is not None:
-        tracker = auto_track(self)
-    if tracker is None:
-        return _original_iter(self)
-    original = _original_iter
-    return tracker.new_epoch(self, lambda: original(self))
+    return _tracked_iter(self, _original_iter)
+
+
+def hook_class(cls: type) -> None:
+    """A stateful loader class with its own ``__iter__`` (StatefulDataLoader never calls
+    DataLoader's): hook that one the same way, once per class."""
+    owner = stateful_loader.iter_owner(cls)
+    if owner is None or not stateful_loader.is_stateful_class(cls) or "_ferry_original_iter" in vars(owner):
+        return
+    original = vars(owner)["__iter__"]
+
+    def __iter__(self: DataLoader[Any]) -> Iterator[Any]:
+        return _tracked_iter(self, original)
+
+    owner._ferry_original_iter = original  # type: ignore[attr-defined]
+    setattr(owner, "__iter__", __iter__)  # noqa: B010  (on the class, as DataLoader's own hook)
 
 
 def install_iter_hook() -> None:
@@ -365,6 +438,7 @@ def install_iter_hook() -> None:
 def track_loader(name: str, loader: DataLoader[Any], hooks: Hooks) -> LoaderTracker:
     """Start tracking ``loader``: installs the ``DataLoader.__iter__`` hook on first use."""
     install_iter_hook()
+    hook_class(type(loader))
     tracker = _TRACKED.get(loader)
     if tracker is None:
         tracker = _TRACKED[loader] = LoaderTracker(name, loader, hooks)
@@ -386,6 +460,8 @@ class WorkerInit:
 
     def __init__(self, inner: Callable[[int], None] | None, signums: list[int]) -> None:
         self.inner, self.signums = inner, signums
+        self.rng_states: dict[str, Any] | None = None
+        """Set while a resumed epoch's workers start: each continues from its saved state."""
 
     def __call__(self, worker_id: int) -> None:
         from ferry.runtime.signals import ignore_in_worker
@@ -393,8 +469,13 @@ class WorkerInit:
         ignore_in_worker(self.signums)
         if self.inner is not None:
             self.inner(worker_id)
+        state = (self.rng_states or {}).get(str(worker_id))
+        if state is not None:  # after the script's own init, which may seed its streams
+            worker_rng.set_state(state)
 
 
 def protect_workers(loader: DataLoader[Any], signums: list[int]) -> None:
     if loader.num_workers > 0 and not isinstance(loader.worker_init_fn, WorkerInit):
         loader.worker_init_fn = WorkerInit(loader.worker_init_fn, signums)
+    if not stateful_loader.is_stateful(loader):  # a stateful loader restores its own workers
+        worker_rng.tag(loader)

@@ -76,6 +76,9 @@ class RunOptions:
     resume_command: str | None = None
     """The shell command that resumes this job after a stop, when it is not this one again
     (``ferry resume`` sets it: running that again would restart from the bundle)."""
+    allow_changed_inputs: bool = False
+    """Resume even when a loader's batch size, dataset length, sampler or drop_last changed
+    since the checkpoint (FERRY_ALLOW_CHANGED_INPUTS); the worker refuses otherwise."""
     stop_signals: tuple[str, ...] = ("SIGTERM", "SIGINT", "SIGUSR1")
     """Signals that mean "checkpoint and stop": the worker is told so (FERRY_STOP_SIGNALS),
     and the supervisor starts the grace period when it forwards one."""
@@ -110,6 +113,7 @@ class RunOptions:
             "exit_code": self.exit_code,
             "stop_signals": self.stop_signals,
             "grace_seconds": self.grace_seconds,
+            "allow_changed_inputs": self.allow_changed_inputs or None,
         }
         return {k: v for k, v in settings.items() if v is not None}
 
