@@ -62,7 +62,7 @@ def test_migrate_moves_the_worker_and_stays_bitwise(tmp_path: Path, reference: P
     report = ferry(home, "report", "m", "-o", str(tmp_path / "m.html"), "--json")
     assert report.exit_code == 0, report.output
     summary = json.loads(report.stdout)
-    assert [m["kind"] for m in summary["marks"]] == ["stop", "migration"]
+    assert [m["kind"] for m in summary["marks"]] == ["migration"]  # its stop and restart: one mark
     page = (tmp_path / "m.html").read_text()
     assert "<svg" in page and "CUDA_VISIBLE_DEVICES=1" in page and "<script" not in page
     png = (tmp_path / "m.png").read_bytes()  # drawn by matplotlib (tests/integration/test_report.py)

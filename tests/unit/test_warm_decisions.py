@@ -112,8 +112,9 @@ def test_the_report_draws_the_overlap_and_the_take_over() -> None:
     tl = report.build("j", events, {"state": "finished", "step": 60, "updated": 12.0})
     assert tl.overlaps == [{"start": 3.0, "end": 5.0}, {"start": 6.0, "end": 9.1}]
     assert tl.startups == [{"start": 0.1, "end": 2.0}, {"start": 9.1, "end": 9.2}]
-    assert [m["kind"] for m in tl.marks] == ["stop", "migration"]
-    assert "warm hand-over CUDA_VISIBLE_DEVICES=1" in tl.marks[1]["text"]
+    assert [m["kind"] for m in tl.marks] == ["migration"]  # the stop was the migration's: one mark
+    assert tl.marks[0]["time"] == 9.0 and "warm hand-over CUDA_VISIBLE_DEVICES=1" in tl.marks[0]["text"]
+    assert tl.down == []  # the warm worker took over before the old one exited: no gap
 
 
 def test_warm_requests_are_taken_once_and_malformed_ones_refused(tmp_path: Path) -> None:
