@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader
 
 from ferry.autotrack import stack
 from ferry.errors import bug
@@ -134,6 +135,8 @@ def _copy(value: Any) -> Any:
 
 
 def _own_class(value: Any, root: str) -> bool:
+    if isinstance(value, DataLoader):  # a loader's position is its tracker's; the rest is its setup
+        return False
     module = sys.modules.get(type(value).__module__)
     path = getattr(module, "__file__", None)
     return bool(path) and _is_user_file(path, root) and hasattr(value, "__dict__")
@@ -345,7 +348,10 @@ def restore(saved: list[dict[str, Any]], frames: list[FrameType]) -> tuple[dict[
                 failed.append(f"{_where(frame)}: `{name}` is gone, its attributes are not restored")
                 continue
             for attr, value in values.items():
-                setattr(obj, attr, value)
+                try:
+                    setattr(obj, attr, value)
+                except Exception as exc:  # a property without a setter, a class that refuses
+                    failed.append(f"{_where(frame)}: `{name}.{attr}` cannot be set back ({exc})")
         _write_locals(frame, names, updates, module)
     return swapped, failed
 

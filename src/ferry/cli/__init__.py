@@ -47,7 +47,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "prune",
         "Delete the directories of jobs that ended longer ago than --older-than (never a live one).",
     ),
-    "migrate": ("migrate", "Move JOB to other GPUs of this machine: checkpoint, restart on DEVICES, resume."),
+    "migrate": (
+        "migrate",
+        "Move JOB to other GPUs of this machine: checkpoint, hand over, resume on DEVICES.",
+    ),
     "export": (
         "migrate",
         "Checkpoint and stop JOB, leaving a bundle at DEST_URL that `ferry resume` starts again.",

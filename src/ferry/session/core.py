@@ -260,6 +260,8 @@ class Session(Hooks):
         found = self._resume
         if found is None or not found.pending or tracker is not self.driver or self.loop is None:
             return False
+        if found.state.driver != tracker.name or (tracker.identity is not None and tracker.identity.ordinal):
+            return False  # not the first loader of that line: one built per epoch (fast-forwarded)
         saved = found.state.frames
         if saved is None or saved.get("by") != "loader" or not self.loop.matches(saved):
             return False
