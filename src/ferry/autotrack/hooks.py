@@ -195,6 +195,8 @@ def _auto_track(dataloader: Any) -> Any:
 
 def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     session = _session()
+    if session.restoring:  # DCP initialises optimizer state with a step while loading
+        return
     if session.restore_pending and _trained_by_loader(session):  # before the restore point
         _fail(session, _unmatched(session))
     session.note_optimizer_step()

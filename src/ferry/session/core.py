@@ -147,6 +147,8 @@ class Session(Hooks):
                     self._resume.check_command(sys.argv)
             elif self.job.writer:
                 resume.starting_fresh(self.config.dir, self.job_id, [sys.executable, *sys.argv])
+        self.restoring = False
+        """The checkpoint is being put back now (optimizer steps meanwhile are not training's)."""
         self._first_steps: list[float] | None = [] if self.resumed else None
         """After a resume: when the first safe points were passed (``ferry migrate`` takes the
         first step's warm-up, beyond the second's length, as part of the downtime)."""
@@ -234,6 +236,13 @@ class Session(Hooks):
             self.objects.update(self.discover())
 
     def _restore_all(self) -> None:
+        self.restoring = True  # DCP's optimizer load takes a step of its own: not a training step
+        try:
+            self._restore_all_now()
+        finally:
+            self.restoring = False
+
+    def _restore_all_now(self) -> None:
         if self._resume is None:
             raise bug("a restore without a checkpoint to resume from")
         t0 = time.perf_counter()

@@ -114,7 +114,9 @@ class Resume:
         """Tell a loader where it was. ``relative``: at its next iter(), not at the saved epoch."""
         position = self.state.loaders.get(tracker.name)
         identity = tracker.identity
-        finished = identity is not None and loader_identity.replays_finished_epoch(identity, self.state.driver)
+        finished = identity is not None and loader_identity.replays_finished_epoch(
+            identity, self.state.driver
+        )
         if identity is not None and not relative and (position is None or finished):
             # a training loader of an epoch the checkpoint covers, even if it was still
             # referenced (so saved) at the checkpoint: its epoch is over
