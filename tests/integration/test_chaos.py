@@ -32,7 +32,7 @@ DDP_KINDS = ",".join([*CHEAP, *["checkpoint"] * 4, "stop", "kill-worker", "kill-
 
 
 def soak(tmp: Path, seed: int, kinds: str, args: list[str], command: list[str]) -> dict[str, object]:
-    cmd = [str(BIN / "ferry"), "chaos", "--seed", str(seed), "--events", "30", "--work", str(tmp / "w"),
+    cmd = [str(BIN / "ferry"), "chaos", "--seed", str(seed), "--events", "20", "--work", str(tmp / "w"),
            "--pause", "0.1", "0.3", "--outage", "1", "3", "--kinds", kinds,
            "--env", "AWS_MAX_ATTEMPTS=1", "--json", *args, "--", *command]  # fmt: skip
     proc = subprocess.run(cmd, env=env_for(tmp / "home"), capture_output=True, text=True, timeout=600)
@@ -44,7 +44,7 @@ def soak(tmp: Path, seed: int, kinds: str, args: list[str], command: list[str]) 
 
 def check(summary: dict[str, object]) -> None:
     assert summary["equal"] is True, summary["differences"]
-    assert summary["events"] == 30
+    assert summary["events"] == 20
     injected = summary["injected"]
     assert isinstance(injected, dict) and len(injected) >= 4, injected
     assert isinstance(summary["checkpoints"], int) and summary["checkpoints"] > 0
