@@ -24,6 +24,7 @@ from ferry.engine.format import is_stateful
 from ferry.engine.transfer import Transfer, TransferPolicy
 from ferry.errors import FerryError, UnsupportedStateError, bug
 from ferry.knobs import STATUS_SECONDS
+from ferry.progress import Tally
 from ferry.runtime.control import ControlInbox, Request
 from ferry.runtime.identity import default_job_id
 from ferry.runtime.jobdir import JobDir
@@ -32,6 +33,7 @@ from ferry.schedulers import detect as detect_scheduler
 from ferry.session import checkpointer, policy, resume, warm
 from ferry.session.reporting import Reporter
 from ferry.session.rngwatch import GeneratorWatch, Look
+from ferry.session.savewatch import SaveWatch
 from ferry.state import loader_identity
 from ferry.state.generators import GeneratorState
 from ferry.state.loader import Hooks, LoaderTracker, protect_workers, track_loader, untrack_all
@@ -100,11 +102,13 @@ class Session(Hooks):
         self._next_status = time.monotonic() + STATUS_SECONDS
         self._requests: list[Request] = []
         self.job_id = self.config.job_id or os.environ.get("FERRY_JOB_ID") or default_job_id()
-        self.checkpointer = checkpointer.for_process(self.config, self._committed, self._failed)
+        tally = Tally()
+        self.checkpointer = checkpointer.for_process(self.config, self._committed, self._failed, tally)
         self.job = JobDir.create(self.job_id, self.config.job_dir)
         if not self.checkpointer.leads:
             self.job.writer = False
             log.setLevel(logging.WARNING)  # rank 0 reports for the job
+        self._save_watch = SaveWatch(self.job, tally) if self.job.writer else None
         self.job.write_identity(
             id=self.job_id, pid=os.getpid(), argv=[sys.executable, *sys.argv], checkpoint_dir=self.config.dir
         )
@@ -483,6 +487,9 @@ class Session(Hooks):
             self.checkpointer.close()
         except FerryError as exc:
             log.error("ferry: the last checkpoint failed: %s", exc)
+        finally:
+            if self._save_watch is not None:
+                self._save_watch.close()
         if self.transfer is not None:
             self.transfer.close(self.config.grace_seconds)
         self.signals.uninstall()
