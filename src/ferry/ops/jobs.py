@@ -374,9 +374,9 @@ class SaveLine:
             self._started, self._done, self._total = saving["started"], 0, saving["total"]
             elapsed = time.time() - saving["started"]
             self.meter.start(f"saving step {saving['step']}", saving["total"], elapsed=elapsed)
-        if saving["bytes"] > self._done:
-            self.meter.advance(saving["bytes"] - self._done)
-            self._done = saving["bytes"]
+        # At every poll, new bytes or none: the meter redraws (throughput, time left) at its pace.
+        self.meter.advance(max(saving["bytes"] - self._done, 0))
+        self._done = max(saving["bytes"], self._done)
 
     def end(self, *, complete: bool) -> None:
         """The line stays as the save's last state; ``complete``: it was committed."""

@@ -239,6 +239,7 @@ class JobDir:
                     return
             else:
                 doc["saving"] = dict(saving)
+            doc["updated"] = time.time()
             write_json_atomic(self.file("status.json"), doc)
 
     def _own(self, name: str) -> dict[str, object]:
