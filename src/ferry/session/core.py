@@ -108,7 +108,6 @@ class Session(Hooks):
         if not self.checkpointer.leads:
             self.job.writer = False
             log.setLevel(logging.WARNING)  # rank 0 reports for the job
-        self._save_watch = SaveWatch(self.job, tally) if self.job.writer else None
         self.job.write_identity(
             id=self.job_id, pid=os.getpid(), argv=[sys.executable, *sys.argv], checkpoint_dir=self.config.dir
         )
@@ -155,6 +154,8 @@ class Session(Hooks):
         """After a resume: when the first safe points were passed (``ferry migrate`` takes the
         first step's warm-up, beyond the second's length, as part of the downtime)."""
         self.job.update_status("running", step=self.global_step, pid=os.getpid())
+        # last: a session that failed to start leaves no thread behind
+        self._save_watch = SaveWatch(self.job, tally) if self.job.writer else None
         _register_exit(self._atexit)
         self._previous_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
