@@ -109,7 +109,8 @@ class RankSaver:
                  timeout: float = RANK_SAVE_TIMEOUT_SECONDS,
                  tally: Tally | None = None) -> None:  # fmt: skip
         """``tally``: counts this rank's bytes of the save in flight, for the job's status
-        (rank 0's: the job's status is rank 0's to write)."""
+        (rank 0's: the job's status is rank 0's to write); the sharded state, which DCP
+        writes, is in neither the count nor the total."""
         self.url = url
         self.tally = tally
         self.storage: Storage = open_storage(url)

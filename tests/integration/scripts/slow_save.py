@@ -13,12 +13,12 @@ from typing import Any
 import torch
 
 import ferry
-from ferry.storage.local import LocalFiles
+from ferry.storage.local import LocalStorage
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--hold", required=True)
 args = parser.parse_args()
-_open_writer = LocalFiles.open_writer
+_open_writer = LocalStorage.open_writer
 
 
 class Held:
@@ -38,12 +38,12 @@ class Held:
         return getattr(self.writer, name)
 
 
-def open_writer(self: LocalFiles, rel: str) -> Any:
+def open_writer(self: LocalStorage, rel: str) -> Any:
     writer = _open_writer(self, rel)
     return Held(writer) if rel.endswith("data-0.bin") else writer
 
 
-LocalFiles.open_writer = open_writer  # type: ignore[method-assign]
+LocalStorage.open_writer = open_writer  # type: ignore[method-assign]
 state = {"w": torch.zeros(8 << 20)}  # 32 MiB: two chunks of the data file
 ferry.track(state=state)
 for _ in range(30000):  # a bound: a test that failed never stops it
