@@ -66,7 +66,7 @@ class SaveWatch:
                 with tally.changed:
                     if self._over(serial):
                         return
-                    saving = {"step": tally.step, "bytes": tally.done, "total": tally.total,
+                    saving = {"step": tally.step, "bytes": min(tally.done, tally.total), "total": tally.total,
                               "started": tally.started}  # fmt: skip
                 self.job.save_progress(saving)
                 with tally.changed:
