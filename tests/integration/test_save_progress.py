@@ -25,14 +25,16 @@ from trainrun import SCRIPTS, env_for, job_status
 
 pytestmark = pytest.mark.integration
 FERRY = [sys.executable, "-c", "from ferry.cli import main; main()"]
-HALF = "16.0 MiB of 32.0 MiB, 50%"
+HALF = "16.0 MiB of 32.0 MiB, 49%"  # the data file holds a few KiB beyond the tensor
 
 
-def until(what: str, predicate: Callable[[], Any], job: Forked, timeout: float = 60) -> None:
+def until(
+    what: str, predicate: Callable[[], Any], job: Forked, seen: Callable[[], str] = str, timeout: float = 60
+) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
-        assert job.poll() is None, f"the job exited ({job.returncode}) before {what}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert job.poll() is None, f"the job exited ({job.returncode}) before {what}: {seen()}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {seen()}"
         time.sleep(0.02)
 
 
@@ -81,18 +83,23 @@ def test_a_long_save_shows_its_progress(tmp_path: Path) -> None:
 
         # On a terminal: the line, from the bytes the worker published, to the commit.
         term = Terminal(home, "checkpoint", "s", "--wait", "--timeout", "60")
-        until("the live line of the held save", lambda: HALF in term.text, job)
+        until(
+            "the live line of the held save",
+            lambda: HALF in term.text,
+            job,
+            lambda: f"{term.text!r} {job_status(path)}",
+        )
         shown = ferry(home, "status", "s")
         assert shown.exit_code == 0, shown.output
-        assert "saving       step " in shown.stdout and "16.00 MiB of 32.00 MiB in " in shown.stdout, (
-            shown.stdout
-        )
+        assert "saving       step " in shown.stdout and "16.00 MiB of 32.0" in shown.stdout, shown.stdout
         doc = json.loads(ferry(home, "status", "s", "--json").stdout)["saving"]
-        assert doc["bytes"] == 16 << 20 and doc["total"] == 32 << 20 and doc["bytes_per_second"] > 0, doc
+        assert (
+            doc["bytes"] == 16 << 20 and 32 << 20 < doc["total"] < 33 << 20 and doc["bytes_per_second"] > 0
+        ), doc
         hold.unlink()
         out = term.finish()
         step = doc["step"]
-        assert f"\rferry: saving step {step}: 16.0 MiB of 32.0 MiB, 50%, " in out and "MiB/s" in out, out
+        assert f"\rferry: saving step {step}: {HALF}, " in out and "MiB/s" in out, out
         assert "32.0 MiB of 32.0 MiB, 100%" in out and f"s: checkpointed at step {step} in " in out, out
         until("the field removed once the save ended", lambda: "saving" not in job_status(path), job)
 
