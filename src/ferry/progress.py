@@ -99,7 +99,7 @@ def meter_for(as_json: bool, stream: TextIO | None = None) -> TerminalMeter | No
 class Tally:
     """The bytes of one save in flight, counted on the thread that writes them and read on
     another (the worker's publisher): a plain counter on the writing path, and a condition
-    that is told only when a save begins or ends."""
+    that is told only when a save begins."""
 
     def __init__(self) -> None:
         self.changed = threading.Condition()
@@ -119,9 +119,8 @@ class Tally:
             self.changed.notify_all()
 
     def end(self) -> None:
-        with self.changed:
-            self.active = False
-            self.changed.notify_all()
+        """Tells nobody: a watcher sees it at its next look (a save's end must cost nothing)."""
+        self.active = False
 
 
 _counting = threading.local()

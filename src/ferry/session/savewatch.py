@@ -4,7 +4,7 @@ job's status (``saving``), where ``ferry status`` and a command waiting for the 
 drawn on the worker's stderr: that is the training script's stream.
 
 One thread per session, asleep until a save begins: a save that ends within
-``AFTER_SECONDS`` is never published (a short save costs two notifications), a longer one
+``AFTER_SECONDS`` is never published (a short save costs one notification), a longer one
 is published every ``EVERY_SECONDS`` and its field removed once it ends. The writer only
 adds to a counter (``ferry.progress.Tally``)."""
 
