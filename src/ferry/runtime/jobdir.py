@@ -229,7 +229,8 @@ class JobDir:
             write_json_atomic(self.file("status.json"), doc)
 
     def save_progress(self, saving: Mapping[str, object] | None) -> None:
-        """The save in flight (``Status.saving``), or None once it ended; the state is kept."""
+        """The save in flight (``Status.saving``), or None once it ended. The state and
+        ``updated`` are kept: the supervisor and ``ferry report`` time the job's last state by it."""
         if not self.writer:
             return
         with self._mutex:
@@ -239,7 +240,6 @@ class JobDir:
                     return
             else:
                 doc["saving"] = dict(saving)
-            doc["updated"] = time.time()
             write_json_atomic(self.file("status.json"), doc)
 
     def _own(self, name: str) -> dict[str, object]:
