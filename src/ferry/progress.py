@@ -7,12 +7,19 @@ Drawn only where a person watches: stderr is a terminal and ``--json`` was not g
 one-line summary (size, seconds, throughput) is all that is printed. Pure Python, no
 dependency (neither rich nor tqdm is one of ferry's), and nothing of ferry: every layer
 that copies may use it.
+
+A checkpoint save is drawn from afar: the worker's stderr is the training script's, so its
+writer counts the bytes into a ``Tally`` (``counting``, ``written``), which the worker
+publishes into the job's status, and a command waiting for that save draws the line.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Protocol, TextIO
 
 REDRAW_SECONDS = 0.1
@@ -23,7 +30,10 @@ class Meter(Protocol):
     """Bytes moved by a long copy, for a live display. Called in this order, on the copying
     thread: ``start``, ``advance`` for each piece read, ``finish``."""
 
-    def start(self, what: str, total: int) -> None: ...
+    def start(self, what: str, total: int, elapsed: float = 0.0) -> None:
+        """``elapsed``: seconds the copy already ran before it was watched (its throughput
+        counts from its real start)."""
+        ...
 
     def advance(self, nbytes: int) -> None: ...
 
@@ -42,10 +52,11 @@ class TerminalMeter:
         self.what, self.total, self.done = "", 0, 0
         self._t0 = self._drawn = 0.0
 
-    def start(self, what: str, total: int) -> None:
+    def start(self, what: str, total: int, elapsed: float = 0.0) -> None:
         self.what, self.total, self.done = what, total, 0
-        self._t0 = time.monotonic()
-        self._draw(self._t0)
+        now = time.monotonic()
+        self._t0 = now - max(elapsed, 0.0)
+        self._draw(now)
 
     def advance(self, nbytes: int) -> None:
         self.done += nbytes
@@ -83,3 +94,55 @@ def meter_for(as_json: bool, stream: TextIO | None = None) -> TerminalMeter | No
     if as_json or not stream.isatty():
         return None
     return TerminalMeter(stream)
+
+
+class Tally:
+    """The bytes of one save in flight, counted on the thread that writes them and read on
+    another (the worker's publisher): a plain counter on the writing path, and a condition
+    that is told only when a save begins."""
+
+    def __init__(self) -> None:
+        self.changed = threading.Condition()
+        self.serial = 0
+        """Counts the saves begun: tells one save from the next."""
+        self.active = False
+        self.step, self.total, self.done = 0, 0, 0
+        self.started = 0.0
+        """``time.time()`` at its begin: other processes read it."""
+
+    def begin(self, step: int, total: int) -> None:
+        with self.changed:
+            self.step, self.total, self.done = step, total, 0
+            self.started = time.time()
+            self.serial += 1
+            self.active = True
+            self.changed.notify_all()
+
+    def end(self) -> None:
+        """Tells nobody: a watcher sees it at its next look (a save's end must cost nothing)."""
+        self.active = False
+
+
+_counting = threading.local()
+
+
+@contextmanager
+def counting(tally: Tally | None, step: int, total: int) -> Iterator[None]:
+    """While the block runs, the bytes this thread writes (``written``) go to ``tally``."""
+    if tally is None:
+        yield
+        return
+    tally.begin(step, total)
+    _counting.tally = tally
+    try:
+        yield
+    finally:
+        _counting.tally = None
+        tally.end()
+
+
+def written(nbytes: int) -> None:
+    """A writer wrote ``nbytes``: counted when its thread counts for a save (``counting``)."""
+    tally: Tally | None = getattr(_counting, "tally", None)
+    if tally is not None:
+        tally.done += nbytes

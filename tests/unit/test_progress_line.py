@@ -24,7 +24,7 @@ class Recording:
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []
 
-    def start(self, what: str, total: int) -> None:
+    def start(self, what: str, total: int, elapsed: float = 0.0) -> None:
         self.calls.append(("start", total))
 
     def advance(self, nbytes: int) -> None:

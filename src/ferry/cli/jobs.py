@@ -19,8 +19,9 @@ from ferry.cli.output import clock, emit_json, human_bytes, json_option, table
 from ferry.cli.params import check_timeout
 from ferry.errors import ConfigError, FerryError, JobError
 from ferry.knobs import CHECKPOINT_EXIT_CODE, REQUEST_TIMEOUT_SECONDS
-from ferry.ops.jobs import JobRecord, find_job, list_jobs, process_name, send, wait_answer
+from ferry.ops.jobs import JobRecord, find_job, list_jobs, process_name, save_in_flight, send, wait_answer
 from ferry.process import nvml
+from ferry.progress import meter_for
 
 EPILOG = """\b
 Exit status:
@@ -171,8 +172,9 @@ def status_cmd(job: str, as_json: bool) -> None:
     record = find_job(job)
     s = record.summary()
     history = record.status.get("checkpoints", [])
+    saving = save_in_flight(record)
     if as_json:
-        emit_json({**s, "status": record.status, "identity": record.identity})
+        emit_json({**s, "status": record.status, "identity": record.identity, "saving": saving})
         return
     click.echo(f"job {s['id']}: {s['state']} at step {s['step']}  (job directory {s['job_dir']})")
     click.echo(f"  command      {shlex.join(s['command'])}")
@@ -183,6 +185,12 @@ def status_cmd(job: str, as_json: bool) -> None:
     error = record.status.get("error")
     if error:
         click.echo(f"  error        {error}")
+    if saving is not None:
+        click.echo(
+            f"  saving       step {saving['step']}: {human_bytes(saving['bytes'])} of "
+            f"{human_bytes(saving['total'])} in {saving['seconds']:.1f} s "
+            f"({human_bytes(int(saving['bytes_per_second']))}/s)"
+        )
     if history:
         rows = [
             [
@@ -271,7 +279,7 @@ def _checkpoint(
             if not as_json:
                 _note(f"job {record.id}: checkpoint requested; waiting for it to commit ...")
             try:
-                doc = wait_answer(record, rid, timeout, None if as_json else _note)
+                doc = wait_answer(record, rid, timeout, None if as_json else _note, meter_for(as_json))
                 entry["step"], entry["url"], entry["seconds"] = (
                     doc.get("step"),
                     doc.get("url"),

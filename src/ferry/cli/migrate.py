@@ -86,6 +86,7 @@ def migrate_cmd(
         _progress(as_json),
         unchecked=unchecked_devices,
         cold=cold,
+        meter=meter_for(as_json),
     )
     if as_json:
         emit_json(result.to_dict())

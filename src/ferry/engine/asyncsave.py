@@ -21,6 +21,7 @@ from ferry.engine.gcpause import paused_gc
 from ferry.engine.persist import CheckpointInfo, check_step, persist
 from ferry.engine.snapshot import HostBuffer, byte_view, snapshot
 from ferry.errors import UnsupportedStateError
+from ferry.progress import Tally, counting
 from ferry.storage import Storage, open_storage
 
 
@@ -61,8 +62,11 @@ class AsyncSaver:
 
     def __init__(self, url: str, *, keep_last: int | None = 3, keep_every: int | None = None,
                  on_commit: Callable[[CheckpointInfo], None] | None = None,
-                 on_error: Callable[[int, Exception], None] | None = None) -> None:  # fmt: skip
+                 on_error: Callable[[int, Exception], None] | None = None,
+                 tally: Tally | None = None) -> None:  # fmt: skip
+        """``tally``: counts the bytes of the save in flight, for the job's status."""
         self.url = url
+        self.tally = tally
         self.storage: Storage = open_storage(url)
         self.keep_last = keep_last
         self.keep_every = keep_every
@@ -91,8 +95,10 @@ class AsyncSaver:
             reported = threading.Event()
 
             def work() -> CheckpointInfo:
+                total = size + sum(len(blob) for blob in extra_files.values())
                 try:
-                    name = persist(self.storage, flat, view, step, meta=meta, extra_files=extra_files)
+                    with counting(self.tally, step, total):
+                        name = persist(self.storage, flat, view, step, meta=meta, extra_files=extra_files)
                     if self.keep_last:
                         apply_retention(self.storage, self.keep_last, self.keep_every)
                 except Exception as exc:

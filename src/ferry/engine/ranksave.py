@@ -47,6 +47,7 @@ from ferry.engine.ranks import failure, rank_files_prefix, snapshot_part, write_
 from ferry.engine.snapshot import HostBuffer
 from ferry.errors import FerryError, StorageError
 from ferry.knobs import RANK_SAVE_TIMEOUT_SECONDS
+from ferry.progress import Tally, counting
 from ferry.storage import Storage, Transaction, open_storage
 
 log = logging.getLogger("ferry")
@@ -105,8 +106,13 @@ class RankSaver:
                  keep_last: int | None = 3, keep_every: int | None = None,
                  on_commit: Callable[[CheckpointInfo], None] | None = None,
                  on_error: Callable[[int, Exception], None] | None = None,
-                 timeout: float = RANK_SAVE_TIMEOUT_SECONDS) -> None:  # fmt: skip
+                 timeout: float = RANK_SAVE_TIMEOUT_SECONDS,
+                 tally: Tally | None = None) -> None:  # fmt: skip
+        """``tally``: counts this rank's bytes of the save in flight, for the job's status
+        (rank 0's: the job's status is rank 0's to write); the sharded state, which DCP
+        writes, is in neither the count nor the total."""
         self.url = url
+        self.tally = tally
         self.storage: Storage = open_storage(url)
         self.rank, self.world_size, self.board = rank, world_size, board
         self.keep_last, self.keep_every = keep_last, keep_every
@@ -141,8 +147,10 @@ class RankSaver:
                 reported.set()
 
         def work() -> CheckpointInfo:
+            total = snap.size + sum(len(blob) for blob in snap.extra_files.values())
             try:
-                info = self._persist(snap, fail)
+                with counting(self.tally, step, total):  # until every rank's part is committed
+                    info = self._persist(snap, fail)
             except Exception as exc:
                 fail(exc)
                 raise

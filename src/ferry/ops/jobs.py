@@ -22,9 +22,10 @@ from ferry.knobs import (
     ANSWER_NOTE_SECONDS,
     PROCESS_POLL_SECONDS,
 )
+from ferry.progress import Meter
 from ferry.runtime.control import pending_action, read_response, response_path, submit, withdraw
 from ferry.runtime.jobdir import JobDir, jobs_root
-from ferry.runtime.jobfiles import Identity, Response, Status
+from ferry.runtime.jobfiles import Identity, Response, Saving, Status
 
 BUSY_STATES = ("checkpointing",)
 """A save is in flight: requests queue behind it (``send``); ``ferry list`` shows it."""
@@ -329,23 +330,107 @@ def _joined_stop(record: JobRecord, rid: str) -> Response | None:
             "time": last["time"]}  # fmt: skip
 
 
+class SaveInFlight(TypedDict):
+    """The worker's save in flight, as ``ferry status`` shows it (``--json`` too)."""
+
+    step: int
+    bytes: int
+    total: int
+    started: float
+    seconds: float
+    bytes_per_second: float
+
+
+def save_in_flight(record: JobRecord, now: float | None = None) -> SaveInFlight | None:
+    """The save its worker is writing (status ``saving``) with its throughput so far; None
+    when there is none, or when the worker is gone (a field a killed worker left)."""
+    saving = record.status.get("saving")
+    if saving is None or not record.alive:
+        return None
+    seconds = max((time.time() if now is None else now) - saving["started"], 0.0)
+    rate = saving["bytes"] / seconds if seconds > 0 else 0.0
+    return {**saving, "seconds": seconds, "bytes_per_second": rate}
+
+
+class SaveLine:
+    """The worker's save in flight (its status' ``saving``), drawn on a ``Meter`` while a
+    command waits for it: one line per save, from the bytes the worker published."""
+
+    def __init__(self, meter: Meter) -> None:
+        self.meter = meter
+        self._started: float | None = None  # the save drawn now, by its start
+        self._done = self._total = 0
+
+    @property
+    def drawn(self) -> bool:
+        return self._started is not None
+
+    def show(self, saving: Saving | None) -> None:
+        if saving is None or saving["started"] != self._started:
+            self.end(complete=False)  # that save ended (or failed: its answer says so)
+        if saving is None:
+            return
+        if self._started is None:
+            self._started, self._done, self._total = saving["started"], 0, saving["total"]
+            elapsed = time.time() - saving["started"]
+            self.meter.start(f"saving step {saving['step']}", saving["total"], elapsed=elapsed)
+        # At every poll, new bytes or none: the meter redraws (throughput, time left) at its pace.
+        self.meter.advance(max(saving["bytes"] - self._done, 0))
+        self._done = max(saving["bytes"], self._done)
+
+    def end(self, *, complete: bool) -> None:
+        """The line stays as the save's last state; ``complete``: it was committed."""
+        if self._started is None:
+            return
+        if complete and self._total > self._done:
+            self.meter.advance(self._total - self._done)
+        self.meter.finish()
+        self._started = None
+
+
 def wait_answer(
-    record: JobRecord, rid: str, timeout: float | None, progress: Callable[[str], None] | None = None
+    record: JobRecord,
+    rid: str,
+    timeout: float | None,
+    progress: Callable[[str], None] | None = None,
+    meter: Meter | None = None,
 ) -> Response:
-    """The worker's answer to ``rid``; JobError when it refuses, fails, dies or times out."""
+    """The worker's answer to ``rid``; JobError when it refuses, fails, dies or times out.
+    ``meter``: draws the worker's save in flight meanwhile (``SaveLine``)."""
+    line = None if meter is None else SaveLine(meter)
+    try:
+        return _wait_answer(record, rid, timeout, progress, line)
+    finally:
+        if line is not None:
+            line.end(complete=False)
+
+
+def _wait_answer(
+    record: JobRecord,
+    rid: str,
+    timeout: float | None,
+    progress: Callable[[str], None] | None,
+    line: SaveLine | None,
+) -> Response:
     start = time.monotonic()
     deadline = None if timeout is None else start + timeout
     next_note, next_check = start + ANSWER_FIRST_NOTE_SECONDS, start
     while True:
         doc = read_response(record.dir, rid)
         if doc is not None:
+            if line is not None:
+                line.end(complete=doc["ok"])
             if not doc["ok"]:
                 raise JobError(f"job {record.id}: {doc.get('error', 'the request failed')}")
             return doc
+        if line is not None:
+            line.show(record.dir.status().get("saving"))
         now = time.monotonic()
         if now >= next_check:
             next_check = now + ANSWER_CHECK_SECONDS
             if not record.refresh().alive and not os.path.exists(response_path(record.dir, rid)):
+                if line is not None:
+                    line.end(complete=False)
                 joined = _joined_stop(record, rid)
                 if joined is not None:
                     return joined
@@ -356,9 +441,10 @@ def wait_answer(
         if deadline is not None and now > deadline:
             raise JobError(no_answer_message(record.refresh(), timeout))
         if progress is not None and now >= next_note:
-            progress(
-                f"job {record.id}: waiting ({now - start:.0f} s, step {record.dir.status().get('step')})"
-            )
+            if line is None or not line.drawn:  # the line says more, and a note would break it
+                progress(
+                    f"job {record.id}: waiting ({now - start:.0f} s, step {record.dir.status().get('step')})"
+                )
             next_note = now + ANSWER_NOTE_SECONDS
         time.sleep(PROCESS_POLL_SECONDS)
 

@@ -125,6 +125,7 @@ def migrate(
     *,
     unchecked: bool = False,
     cold: bool = False,
+    meter: Meter | None = None,
 ) -> Migration:
     """Move the job to ``target`` devices and return once its new worker resumed and took a step.
 
@@ -135,7 +136,8 @@ def migrate(
 
     Where the devices cannot be checked (no NVML), CUDA would start the worker on whatever
     it finds, or on no GPU at all, and the job would train somewhere else than asked:
-    refused unless ``unchecked`` (``--unchecked-devices``) says to go on."""
+    refused unless ``unchecked`` (``--unchecked-devices``) says to go on. ``meter`` draws
+    the old worker's save while it is waited for."""
     require_alive(record, "migrate")
     if not record.supervised:
         raise JobError(
@@ -163,14 +165,14 @@ def migrate(
         progress(f"warning: {warning}")
     reason = "asked for (--cold)" if cold else cold_reason(warmmove.facts(record, target))
     if reason is None:
-        return _migrate_warm(record, current, target, timeout, progress)
+        return _migrate_warm(record, current, target, timeout, progress, meter)
     progress(f"job {record.id}: cold migration (the worker restarts): {reason}")
     t0 = time.time()
     rid = send(record, "restart", {"CUDA_VISIBLE_DEVICES": target})
     progress(
         f"job {record.id}: checkpointing at its next safe point (devices {current or 'all'} -> {target})"
     )
-    answer = wait_answer(record, rid, timeout, progress)
+    answer = wait_answer(record, rid, timeout, progress, meter)
     step, url, save = int(answer["step"]), str(answer["url"]), float(answer.get("seconds", 0))
     committed = float(answer.get("time", time.time()))
     progress(f"job {record.id}: checkpoint of step {step} committed ({save:.2f} s); restarting on {target}")
@@ -193,10 +195,15 @@ def migrate(
 
 
 def _migrate_warm(
-    record: JobRecord, current: str | None, target: str, timeout: float, progress: Progress
+    record: JobRecord,
+    current: str | None,
+    target: str,
+    timeout: float,
+    progress: Progress,
+    meter: Meter | None = None,
 ) -> Migration:
     pid, startup, _ = warmmove.start_warm(record, target, timeout, progress)
-    answer, t0 = warmmove.hand_over(record, target, timeout, progress)
+    answer, t0 = warmmove.hand_over(record, target, timeout, progress, meter)
     step, url, save = int(answer["step"]), str(answer["url"]), float(answer.get("seconds", 0))
     committed = float(answer.get("time", time.time()))
     progress(
@@ -303,7 +310,7 @@ def export(
         stopped["stop_requested"] = time.time()
         rid = send(record, "stop")
         progress(f"job {record.id}: checkpointing and stopping at its next safe point")
-        answer = wait_answer(record, rid, timeout, progress)
+        answer = wait_answer(record, rid, timeout, progress, meter)
         url = str(answer["url"])
         stopped["committed"] = float(answer.get("time", time.time()))
         stopped["save_seconds"] = float(answer.get("seconds", 0.0))

@@ -19,6 +19,7 @@ from ferry.errors import JobError
 from ferry.knobs import PROCESS_POLL_SECONDS
 from ferry.ops.jobs import JobRecord, command_of, process_env, send, wait_answer
 from ferry.ops.warmcheck import WarmFacts
+from ferry.progress import Meter
 from ferry.runtime.jobfiles import Event, Response
 from ferry.runtime.procs import descendants
 from ferry.supervisor import warm
@@ -132,12 +133,15 @@ def start_warm(
     return pid, seconds, asked
 
 
-def hand_over(record: JobRecord, target: str, timeout: float, progress: Progress) -> tuple[Response, float]:
-    """Ask the worker to stop for the restart; returns its answer and when it was asked."""
+def hand_over(
+    record: JobRecord, target: str, timeout: float, progress: Progress, meter: Meter | None = None
+) -> tuple[Response, float]:
+    """Ask the worker to stop for the restart; returns its answer and when it was asked.
+    ``meter`` draws its save meanwhile."""
     t0 = time.time()
     rid = send(record, "restart", {"CUDA_VISIBLE_DEVICES": target})
     progress(f"job {record.id}: checkpointing at its next safe point for the hand-over")
-    return wait_answer(record, rid, timeout, progress), t0
+    return wait_answer(record, rid, timeout, progress, meter), t0
 
 
 def taken_over(

@@ -228,6 +228,20 @@ class JobDir:
             doc.update(checkpoints=history, last_checkpoint=entry, updated=time.time())
             write_json_atomic(self.file("status.json"), doc)
 
+    def save_progress(self, saving: Mapping[str, object] | None) -> None:
+        """The save in flight (``Status.saving``), or None once it ended. The state and
+        ``updated`` are kept: the supervisor and ``ferry report`` time the job's last state by it."""
+        if not self.writer:
+            return
+        with self._mutex:
+            doc = self._own("status.json")
+            if saving is None:
+                if doc.pop("saving", None) is None:
+                    return
+            else:
+                doc["saving"] = dict(saving)
+            write_json_atomic(self.file("status.json"), doc)
+
     def _own(self, name: str) -> dict[str, object]:
         """A file this process rewrites, every field kept (those of other ferry versions too)."""
         try:

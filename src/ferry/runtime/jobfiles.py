@@ -54,6 +54,18 @@ class CheckpointRecord(TypedDict):
     time: float
 
 
+class Saving(TypedDict):
+    """``status.json``'s ``saving``: the save in flight, once it has run a second
+    (session/savewatch.py); removed when it ends."""
+
+    step: int
+    bytes: int
+    """Written so far."""
+    total: int
+    started: float
+    """``time.time()`` when the save began writing."""
+
+
 class Status(TypedDict, total=False):
     """``status.json``: how far the job got. Every field is optional: it grows by updates."""
 
@@ -77,6 +89,7 @@ class Status(TypedDict, total=False):
     restarts: int
     max_restarts: int
     failures: int
+    saving: Saving
 
 
 class _EventBase(TypedDict):
@@ -159,13 +172,31 @@ def parse_identity(raw: object, dropped: Dropped, where: str = "job.json") -> Id
         return {}
 
 
+def saving_problem(saving: Saving) -> str | None:
+    """Why a well-typed ``saving`` cannot be a save in flight (None when it can): a reader
+    draws it and divides by its numbers."""
+    if min(saving["step"], saving["bytes"], saving["total"]) < 0:
+        return "a count below 0"
+    if saving["bytes"] > saving["total"]:
+        return f"{saving['bytes']} bytes written of {saving['total']}"
+    if saving["started"] <= 0:
+        return f"started at {saving['started']}"
+    return None
+
+
 def parse_status(raw: object, dropped: Dropped, where: str = "status.json") -> Status:
     """What can be taken from a decoded ``status.json``; {} if it is not an object."""
     try:
-        return _salvage(raw, Status, dropped, where)
+        status = _salvage(raw, Status, dropped, where)
     except SchemaError as exc:
         dropped(f"{where}: {exc.why}; ignored")
         return {}
+    saving = status.get("saving")
+    problem = None if saving is None else saving_problem(saving)
+    if problem is not None:
+        dropped(f"{where}: saving: {problem}; left out")
+        del status["saving"]
+    return status
 
 
 def parse_event(raw: object, dropped: Dropped, where: str = "events.jsonl") -> Event | None:
@@ -192,10 +223,12 @@ __all__ = [
     "Event",
     "Identity",
     "Response",
+    "Saving",
     "State",
     "Status",
     "parse_event",
     "parse_identity",
     "parse_response",
     "parse_status",
+    "saving_problem",
 ]

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from ferry.config import Config
 from ferry.engine import AsyncSaver, CheckpointInfo, Loaded, sharded
 from ferry.engine.ranksave import RankSaver
+from ferry.progress import Tally
 from ferry.runtime import handoff
 from ferry.runtime.distributed import (
     UNKNOWN_NS,
@@ -70,11 +71,14 @@ class Checkpointer(Protocol):
     def close(self) -> None: ...
 
 
-def for_process(config: Config, on_commit: OnCommit, on_error: OnError) -> Checkpointer:
+def for_process(
+    config: Config, on_commit: OnCommit, on_error: OnError, tally: Tally | None = None
+) -> Checkpointer:
+    """``tally`` counts the bytes of each save as they are written (``ferry.progress``)."""
     group = RankGroup.detect()
     if group is None:
-        return LocalCheckpointer(config, on_commit, on_error)
-    return RankedCheckpointer(config, group, on_commit, on_error)
+        return LocalCheckpointer(config, on_commit, on_error, tally)
+    return RankedCheckpointer(config, group, on_commit, on_error, tally)
 
 
 class LocalCheckpointer:
@@ -83,7 +87,9 @@ class LocalCheckpointer:
 
     rank, world_size = 0, 1
 
-    def __init__(self, config: Config, on_commit: OnCommit, on_error: OnError) -> None:
+    def __init__(
+        self, config: Config, on_commit: OnCommit, on_error: OnError, tally: Tally | None = None
+    ) -> None:
         self.config = config
         self.saver = AsyncSaver(
             config.dir,
@@ -91,6 +97,7 @@ class LocalCheckpointer:
             keep_every=config.keep_every,
             on_commit=on_commit,
             on_error=on_error,
+            tally=tally,
         )
 
     @property
@@ -144,7 +151,14 @@ class RankedCheckpointer:
     writing and rank 0's commit go on in the background (``ferry.engine.ranksave``, through
     the job's store: background threads make no collective calls of ferry's own)."""
 
-    def __init__(self, config: Config, group: RankGroup, on_commit: OnCommit, on_error: OnError) -> None:
+    def __init__(
+        self,
+        config: Config,
+        group: RankGroup,
+        on_commit: OnCommit,
+        on_error: OnError,
+        tally: Tally | None = None,
+    ) -> None:
         self.config, self.group = config, group
         self.rank, self.world_size = group.rank, group.world_size
         self.saver = RankSaver(
@@ -156,6 +170,7 @@ class RankedCheckpointer:
             keep_every=config.keep_every,
             on_commit=on_commit,
             on_error=on_error,
+            tally=tally,
         )
         self._abort = AbortOnCrash(self.rank)
         self._teardown = WaitBeforeTeardown(self.wait)

@@ -24,6 +24,7 @@ from ferry.engine.format import is_stateful
 from ferry.engine.transfer import Transfer, TransferPolicy
 from ferry.errors import FerryError, UnsupportedStateError, bug
 from ferry.knobs import STATUS_SECONDS
+from ferry.progress import Tally
 from ferry.runtime.control import ControlInbox, Request
 from ferry.runtime.identity import default_job_id
 from ferry.runtime.jobdir import JobDir
@@ -32,6 +33,7 @@ from ferry.schedulers import detect as detect_scheduler
 from ferry.session import checkpointer, policy, resume, warm
 from ferry.session.reporting import Reporter
 from ferry.session.rngwatch import GeneratorWatch, Look
+from ferry.session.savewatch import SaveWatch
 from ferry.state import loader_identity
 from ferry.state.generators import GeneratorState
 from ferry.state.loader import Hooks, LoaderTracker, protect_workers, track_loader, untrack_all
@@ -100,7 +102,8 @@ class Session(Hooks):
         self._next_status = time.monotonic() + STATUS_SECONDS
         self._requests: list[Request] = []
         self.job_id = self.config.job_id or os.environ.get("FERRY_JOB_ID") or default_job_id()
-        self.checkpointer = checkpointer.for_process(self.config, self._committed, self._failed)
+        tally = Tally()
+        self.checkpointer = checkpointer.for_process(self.config, self._committed, self._failed, tally)
         self.job = JobDir.create(self.job_id, self.config.job_dir)
         if not self.checkpointer.leads:
             self.job.writer = False
@@ -153,6 +156,8 @@ class Session(Hooks):
         """After a resume: when the first safe points were passed (``ferry migrate`` takes the
         first step's warm-up, beyond the second's length, as part of the downtime)."""
         self.job.update_status("running", step=self.global_step, pid=os.getpid())
+        # last: a session that failed to start leaves no thread behind
+        self._save_watch = SaveWatch(self.job, tally) if self.job.writer else None
         _register_exit(self._atexit)
         self._previous_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
@@ -494,6 +499,9 @@ class Session(Hooks):
             self.checkpointer.close()
         except FerryError as exc:
             log.error("ferry: the last checkpoint failed: %s", exc)
+        finally:
+            if self._save_watch is not None:
+                self._save_watch.close()
         if self.transfer is not None:
             self.transfer.close(self.config.grace_seconds)
         self.signals.uninstall()

@@ -15,6 +15,7 @@ import xxhash
 
 from ferry.errors import StorageError
 from ferry.knobs import WRITE_BOUNCE_BYTES, WRITE_CHUNK_BYTES, WRITE_SMALL_BYTES
+from ferry.progress import written as count_written
 from ferry.storage.base import LocalFiles, Storage
 from ferry.storage.pools import submit
 
@@ -106,6 +107,7 @@ def write_hashed(
             finally:
                 fut.result()  # the chunk (maybe the bounce buffer) is reused next
             written += len(chunk)
+            count_written(len(chunk))  # a save's progress (ferry.progress.counting)
             writeback.kick(written)
         if expect is not None and (written, hasher.hexdigest()) != expect:
             raise StorageError(
