@@ -24,7 +24,7 @@ BIN = Path(sys.executable).parent
 # restart the worker: each restart costs a torch import, seconds on this machine.
 CHEAP = ["checkpoint"] * 8 + ["disk-full"] * 3
 KINDS = ",".join(
-    [*CHEAP, "stop", "preempt", "kill-worker", "kill-supervisor", "migrate", *["remote-down"] * 2]
+    [*CHEAP, "stop", "preempt", "kill-worker", "kill-supervisor", "migrate", *["remote-down"] * 4]
 )
 # torchrun: requests, worker (rank) and supervisor kills, the remote down (rank 0 copies).
 # A restart starts three Pythons that import torch: fewer of them than in the single run.
@@ -33,7 +33,7 @@ DDP_KINDS = ",".join([*CHEAP, *["checkpoint"] * 4, "stop", "kill-worker", "kill-
 
 def soak(tmp: Path, seed: int, kinds: str, args: list[str], command: list[str]) -> dict[str, object]:
     cmd = [str(BIN / "ferry"), "chaos", "--seed", str(seed), "--events", "20", "--work", str(tmp / "w"),
-           "--pause", "0.1", "0.3", "--outage", "1", "3", "--kinds", kinds,
+           "--pause", "0.1", "0.3", "--outage", "2", "4", "--kinds", kinds,
            "--env", "AWS_MAX_ATTEMPTS=1", "--json", *args, "--", *command]  # fmt: skip
     proc = subprocess.run(cmd, env=env_for(tmp / "home"), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-6000:]
