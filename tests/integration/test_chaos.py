@@ -24,16 +24,18 @@ BIN = Path(sys.executable).parent
 # restart the worker: each restart costs a torch import, seconds on this machine.
 CHEAP = ["checkpoint"] * 8 + ["disk-full"] * 3
 KINDS = ",".join(
-    [*CHEAP, "stop", "preempt", "kill-worker", "kill-supervisor", "migrate", *["remote-down"] * 4]
+    [*CHEAP, "stop", "preempt", "kill-worker", "kill-supervisor", "migrate", *["remote-down"] * 2]
 )
 # torchrun: requests, worker (rank) and supervisor kills, the remote down (rank 0 copies).
 # A restart starts three Pythons that import torch: fewer of them than in the single run.
 DDP_KINDS = ",".join([*CHEAP, *["checkpoint"] * 4, "stop", "kill-worker", "kill-supervisor", "remote-down"])
 
 
-def soak(tmp: Path, seed: int, kinds: str, args: list[str], command: list[str]) -> dict[str, object]:
-    cmd = [str(BIN / "ferry"), "chaos", "--seed", str(seed), "--events", "20", "--work", str(tmp / "w"),
-           "--pause", "0.1", "0.3", "--outage", "2", "4", "--kinds", kinds,
+def soak(
+    tmp: Path, seed: int, kinds: str, args: list[str], command: list[str], events: int = 20
+) -> dict[str, object]:
+    cmd = [str(BIN / "ferry"), "chaos", "--seed", str(seed), "--events", str(events),
+           "--work", str(tmp / "w"), "--pause", "0.1", "0.3", "--outage", "1", "3", "--kinds", kinds,
            "--env", "AWS_MAX_ATTEMPTS=1", "--json", *args, "--", *command]  # fmt: skip
     proc = subprocess.run(cmd, env=env_for(tmp / "home"), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-6000:]
@@ -44,7 +46,7 @@ def soak(tmp: Path, seed: int, kinds: str, args: list[str], command: list[str]) 
 
 def check(summary: dict[str, object]) -> None:
     assert summary["equal"] is True, summary["differences"]
-    assert summary["events"] == 20
+    assert summary["events"] in (20, 30)
     injected = summary["injected"]
     assert isinstance(injected, dict) and len(injected) >= 4, injected
     assert isinstance(summary["checkpoints"], int) and summary["checkpoints"] > 0
@@ -57,6 +59,7 @@ def test_single_process_soak_equals_uninterrupted(tmp_path: Path) -> None:
         KINDS,
         ["--compare", "out/params.txt", "--steps", "out/log.txt"],
         [sys.executable, str(SCRIPTS / "zc_epochs.py"), "--out", "out", "--epochs", "6", "--sleep", "0.08"],
+        events=30,  # enough faults that remote outages meet copies (checked below)
     )
     check(summary)
     if os.geteuid() == 0:  # the full disk needs a tmpfs of its own

@@ -353,6 +353,9 @@ class Soak:
                 raise bug("a remote-down fault without a remote")
             seconds = self.rng.uniform(*self.options.outage)
             self.remote.outage(seconds)  # back up from _inject_while, while training goes on
+            # and a checkpoint now, whose copy meets the outage (not only a periodic one's, if
+            # one happens to fall into it)
+            control.submit(job, "checkpoint")
         return False
 
     def _disk_full(self, job: JobDir, sup: subprocess.Popen[bytes]) -> None:
