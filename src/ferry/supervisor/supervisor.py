@@ -189,13 +189,7 @@ class Supervisor:
         if adopted is not None:
             return adopted
         env = self._env(self._user_env())
-        self.job.update_status(
-            "starting",
-            worker_pid=None,
-            restarts=self.restarts,
-            failures=self.failures,
-            worker_started=time.time(),
-        )
+        self._mark_starting(self.job)
         try:
             worker = self.worker = WorkerGroup(
                 self.command, env, locks=self._lock_fds(), pdeathsig=self._pdeathsig()
@@ -208,6 +202,16 @@ class Supervisor:
         self._started(worker, warm=False)
         log.info("ferry run: worker pid %d started: %s", worker.pid, shlex.join(self.command))
         return worker
+
+    def _mark_starting(self, job: JobDir) -> None:
+        """The status while a worker starts (a cold one, or a warm one taking over)."""
+        job.update_status(
+            "starting",
+            worker_pid=None,
+            restarts=self.restarts,
+            failures=self.failures,
+            worker_started=time.time(),
+        )
 
     def _started(self, worker: WorkerGroup, *, warm: bool) -> None:
         """``worker`` is the job's worker from now on (``warm``: a warm worker taking over)."""
@@ -248,13 +252,7 @@ class Supervisor:
         w = self.warm.release("it was not waiting at its restore point; starting the worker cold")
         if w is None:
             return None
-        self.job.update_status(
-            "starting",
-            worker_pid=None,
-            restarts=self.restarts,
-            failures=self.failures,
-            worker_started=time.time(),
-        )
+        self._mark_starting(self.job)
         self._started(w.group, warm=True)
         log.info("ferry run: warm worker pid %d takes over", w.pid)
         self.worker = w.group
