@@ -57,7 +57,36 @@ class SaveHandle:
         return self._future.result()
 
 
-class AsyncSaver:
+class InflightSaves:
+    """What every background saver has: one host buffer reused from save to save, one
+    persisting thread, at most one save in flight, and how to wait for it and close."""
+
+    def __init__(self, thread_name: str) -> None:
+        self._buffer = HostBuffer()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=thread_name)
+        self._inflight: SaveHandle | None = None
+
+    def wait(self) -> CheckpointInfo | None:
+        """Wait for the save in flight, if any; raises its error (unless ``on_error`` had it)."""
+        handle, self._inflight = self._inflight, None
+        if handle is None:
+            return None
+        try:
+            return handle.wait()
+        except Exception:
+            if handle.reported.is_set():
+                return None
+            raise
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
+            self._buffer.release()
+
+
+class AsyncSaver(InflightSaves):
     """Saves to one checkpoint root; reuses its host buffer from save to save."""
 
     def __init__(self, url: str, *, keep_last: int | None = 3, keep_every: int | None = None,
@@ -72,9 +101,7 @@ class AsyncSaver:
         self.keep_every = keep_every
         self.on_commit = on_commit
         self.on_error = on_error
-        self._buffer = HostBuffer()
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ferry-persist")
-        self._inflight: SaveHandle | None = None
+        super().__init__("ferry-persist")
         self._lock = threading.Lock()
 
     def save(self, state: Any, *, step: int, meta: dict[str, Any] | None = None,
@@ -122,22 +149,3 @@ class AsyncSaver:
                     if self._inflight is handle:
                         self._inflight = None
         return handle
-
-    def wait(self) -> CheckpointInfo | None:
-        """Wait for the save in flight, if any; raises its error (unless ``on_error`` had it)."""
-        handle, self._inflight = self._inflight, None
-        if handle is None:
-            return None
-        try:
-            return handle.wait()
-        except Exception:
-            if handle.reported.is_set():
-                return None
-            raise
-
-    def close(self) -> None:
-        try:
-            self.wait()
-        finally:
-            self._pool.shutdown(wait=True)
-            self._buffer.release()

@@ -33,18 +33,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
-from ferry.engine.asyncsave import SaveHandle, _frozen
+from ferry.engine.asyncsave import InflightSaves, SaveHandle, _frozen
 from ferry.engine.catalog import apply_retention
 from ferry.engine.format import Flattened, manifest_bytes
 from ferry.engine.persist import CheckpointInfo, build_manifest, check_step, next_name
 from ferry.engine.ranks import failure, rank_files_prefix, snapshot_part, write_part, write_sharded
-from ferry.engine.snapshot import HostBuffer
 from ferry.errors import FerryError, StorageError
 from ferry.knobs import RANK_SAVE_TIMEOUT_SECONDS
 from ferry.progress import Tally, counting
@@ -99,7 +97,7 @@ def _load(raw: bytes) -> dict[str, Any]:
     return value
 
 
-class RankSaver:
+class RankSaver(InflightSaves):
     """One rank's side of the job's saves to one checkpoint root; reuses its host buffer."""
 
     def __init__(self, url: str, *, rank: int, world_size: int, board: Board,
@@ -118,9 +116,7 @@ class RankSaver:
         self.keep_last, self.keep_every = keep_last, keep_every
         self.on_commit, self.on_error = on_commit, on_error
         self.timeout = timeout
-        self._buffer = HostBuffer()
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ferry-rank-save")
-        self._inflight: SaveHandle | None = None
+        super().__init__("ferry-rank-save")
         self._spent: list[str] = []  # rank 0: keys of the previous save, removed at the next
 
     def save(self, state: Any, *, name: str, step: int, meta: dict[str, Any] | None = None,
@@ -166,26 +162,6 @@ class RankSaver:
             finally:  # its caller has the outcome: the next save must not raise it again
                 self._inflight = None
         return handle
-
-    def wait(self) -> CheckpointInfo | None:
-        """Wait for the save in flight, if any, to be committed or failed on every rank;
-        raises its error unless ``on_error`` had it."""
-        handle, self._inflight = self._inflight, None
-        if handle is None:
-            return None
-        try:
-            return handle.wait()
-        except Exception:
-            if handle.reported.is_set():
-                return None
-            raise
-
-    def close(self) -> None:
-        try:
-            self.wait()
-        finally:
-            self._pool.shutdown(wait=True)
-            self._buffer.release()
 
     # ------------------------------------------------------------------ background
     def _persist(self, snap: _Snapshot, fail: Callable[[Exception], None]) -> CheckpointInfo:
