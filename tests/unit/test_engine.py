@@ -8,6 +8,7 @@ is a fact rather than a race, and one whose writes fail, to follow an error to t
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -558,3 +559,43 @@ def test_async_meta_is_taken_at_the_call(gated: str) -> None:
         GatedStorage.gate.set()
         saver.close()
     assert load(gated.removeprefix("gated://")).manifest["meta"] == {"epoch": 1, "tags": ["a"]}
+
+
+def test_a_mirror_writes_the_same_snapshot_while_the_checkpoint_is_written(
+    gated: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The hand-over's copy (``handoff.leave`` as the save's mirror) is written from the one
+    snapshot while the durable write is held at its gate; the save ends once both are
+    written, and a mirror that fails costs the checkpoint nothing."""
+    from ferry.runtime import handoff
+
+    parent = tmp_path / "shm"
+    parent.mkdir(mode=0o700)
+    copy = str(parent / "job")
+    model, opt = trained(seed=7)
+    saver = AsyncSaver(gated, keep_last=None)
+    try:
+        handle = saver.save(
+            {"model": model, "opt": opt}, step=4, mirror=functools.partial(handoff.leave, copy)
+        )
+        deadline = time.monotonic() + 60
+        while not list_checkpoints(open_storage(copy)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [c.step for c in list_checkpoints(open_storage(copy))] == [4]
+        assert not handle.done() and not list_checkpoints(open_storage(gated))  # still at its gate
+        GatedStorage.gate.set()
+        info = handle.wait(timeout=60)
+
+        def broken(*_: Any) -> None:
+            raise RuntimeError("tmpfs is gone")
+
+        with caplog.at_level("WARNING", logger="ferry"):
+            later = saver.save({"model": model}, step=5, mirror=broken, blocking=True).result()
+    finally:
+        GatedStorage.gate.set()
+        saver.close()
+    assert info.step == 4 and later.step == 5
+    assert "the second copy of step 5 was not written: tmpfs is gone" in caplog.text
+    mirrored, durable = load(copy), load(info.url)
+    same(durable.state, mirrored.state)
+    same(model.state_dict(), mirrored.state["model"], "model")

@@ -4,11 +4,18 @@ At most one save is in flight. A second ``save`` waits for the first (and raises
 error, if it failed), so host memory never holds more than one snapshot. With ``on_error``,
 a background save's failure is reported there, from the background thread, as soon as it
 happens, and neither the next ``save`` nor ``wait`` raises it again.
+
+A save may also have a ``mirror``: a second writer of the same snapshot (a copy in host memory
+for the process that takes over from this one, ``ferry.runtime.handoff``), run on a thread of
+its own while the checkpoint is written, so that the copy costs no second snapshot and its
+write overlaps the durable one. The save is done when both are; the mirror's failure is the
+mirror's own to report (it is never the checkpoint's).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -16,13 +23,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ferry.engine.catalog import apply_retention
-from ferry.engine.format import flatten
+from ferry.engine.format import Flattened, flatten
 from ferry.engine.gcpause import paused_gc
 from ferry.engine.persist import CheckpointInfo, check_step, persist
 from ferry.engine.snapshot import HostBuffer, byte_view, snapshot
 from ferry.errors import UnsupportedStateError
 from ferry.progress import Tally, counting
 from ferry.storage import Storage, open_storage
+
+log = logging.getLogger("ferry")
+
+Mirror = Callable[[Flattened, memoryview, int], None]
+"""Writes a second copy of a snapshot: (its tensors, its bytes, its step)."""
 
 
 def _frozen(meta: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -105,8 +117,10 @@ class AsyncSaver(InflightSaves):
         self._lock = threading.Lock()
 
     def save(self, state: Any, *, step: int, meta: dict[str, Any] | None = None,
-             extra_files: dict[str, bytes] | None = None, blocking: bool = False) -> SaveHandle:  # fmt: skip
-        """Snapshot ``state`` now, persist it in the background. ``blocking=True`` waits."""
+             extra_files: dict[str, bytes] | None = None, blocking: bool = False,
+             mirror: Mirror | None = None) -> SaveHandle:  # fmt: skip
+        """Snapshot ``state`` now, persist it in the background. ``blocking=True`` waits.
+        ``mirror`` writes a second copy of the same snapshot meanwhile (module docstring)."""
         check_step(step)
         meta, extra_files = _frozen(meta), {k: bytes(v) for k, v in (extra_files or {}).items()}
         with self._lock:
@@ -123,18 +137,23 @@ class AsyncSaver(InflightSaves):
 
             def work() -> CheckpointInfo:
                 total = size + sum(len(blob) for blob in extra_files.values())
+                copy = None if mirror is None else _start_mirror(mirror, flat, view, step)
                 try:
                     with counting(self.tally, step, total):
                         name = persist(self.storage, flat, view, step, meta=meta, extra_files=extra_files)
                     if self.keep_last:
                         apply_retention(self.storage, self.keep_last, self.keep_every)
+                    # The checkpoint's own time: the mirror's wait below is not its.
+                    info = CheckpointInfo(self.storage.child_url(name), step, size,
+                                          time.perf_counter() - t0, blocked)  # fmt: skip
                 except Exception as exc:
                     if report is not None:
                         report(step, exc)
                         reported.set()
                     raise
-                info = CheckpointInfo(self.storage.child_url(name), step, size,
-                                      time.perf_counter() - t0, blocked)  # fmt: skip
+                finally:
+                    if copy is not None:
+                        copy.join()  # the buffer is the next save's once both are written
                 if self.on_commit is not None:
                     self.on_commit(info)
                 return info
@@ -149,3 +168,15 @@ class AsyncSaver(InflightSaves):
                     if self._inflight is handle:
                         self._inflight = None
         return handle
+
+
+def _start_mirror(mirror: Mirror, flat: Flattened, view: memoryview, step: int) -> threading.Thread:
+    def run() -> None:
+        try:
+            mirror(flat, view, step)
+        except Exception as exc:  # the mirror reports its own failures; this is a last guard
+            log.warning("ferry: the second copy of step %d was not written: %s", step, exc)
+
+    thread = threading.Thread(target=run, name="ferry-mirror", daemon=True)
+    thread.start()
+    return thread

@@ -1,8 +1,10 @@
 """Hand the state over in host memory across an in-place restart.
 
 A worker that stops so that `ferry run` can start it again (a ``restart`` request, a
-migration to other devices) commits its checkpoint to durable storage as always, then
-leaves a second copy in ``handoff_dir``, a tmpfs folder: host memory. The restarted worker
+migration to other devices) commits its checkpoint to durable storage as always, and
+leaves a second copy in ``handoff_dir``, a tmpfs folder: host memory. The copy is written from
+the same snapshot while the durable one is (``leave`` is the save's mirror:
+``ferry.engine.asyncsave``), so it costs neither a second snapshot nor a second wait. The restarted worker
 loads that copy when it is of the same step as the newest durable checkpoint, and removes
 it. A crash between the two leaves only the durable copy: nothing depends on the handoff.
 
@@ -33,6 +35,7 @@ from ferry.storage import open_storage
 
 if TYPE_CHECKING:
     from ferry.engine import Loaded
+    from ferry.engine.format import Flattened
 
 log = logging.getLogger("ferry")
 
@@ -70,12 +73,14 @@ def _fresh(handoff_dir: str) -> None:
     os.mkdir(handoff_dir, 0o700)  # exclusive: fails if anything appeared meanwhile
 
 
-def leave(handoff_dir: str, state: object, step: int) -> None:
-    from ferry.engine import save  # here: the supervisor imports this module without torch
+def leave(handoff_dir: str, flat: Flattened, host: memoryview, step: int) -> None:
+    """Write the snapshot ``host`` of ``flat`` at ``step`` as the only checkpoint in a fresh
+    ``handoff_dir``; a failure is logged (the durable copy is the one that counts)."""
+    from ferry.engine.persist import persist  # here: the supervisor imports this module without torch
 
     try:
         _fresh(handoff_dir)
-        save(state, handoff_dir, step=step, keep_last=1)
+        persist(open_storage(handoff_dir), flat, host, step)
     except (FerryError, OSError) as exc:  # the durable copy is committed; the restart reads it
         log.warning(
             "ferry: could not leave the state in host memory (%s); the restarted "

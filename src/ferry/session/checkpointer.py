@@ -3,6 +3,7 @@ at start (``for_process``), so the session never asks which."""
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections import deque
@@ -41,7 +42,8 @@ class Checkpointer(Protocol):
     3. ``keeps_objects(objects)`` while capturing: does this process save the objects?
     4. ``write(...)`` to save; a commit is reported to ``on_commit``, a failure of a
        background save to ``on_error`` (a failure inside ``write`` raises);
-    5. ``wait()`` before the save of a stop, ``hand_over(...)`` after it, on a restart;
+    5. ``wait()`` before the save of a stop; a stop for a restart writes with ``hand_over``:
+       the state is also left for the process that takes over (where the checkpointer can);
     6. ``close()`` at teardown.
     """
 
@@ -65,9 +67,9 @@ class Checkpointer(Protocol):
         meta: dict[str, Any],
         extra_files: dict[str, bytes] | None,
         blocking: bool,
+        hand_over: bool = False,
     ) -> CheckpointInfo | None: ...
     def wait(self) -> None: ...
-    def hand_over(self, capture: Callable[[], TrainingState]) -> None: ...
     def close(self) -> None: ...
 
 
@@ -126,20 +128,23 @@ class LocalCheckpointer:
         meta: dict[str, Any],
         extra_files: dict[str, bytes] | None,
         blocking: bool,
+        hand_over: bool = False,
     ) -> CheckpointInfo | None:
+        """``hand_over``: the same snapshot also goes to host memory, for the process that
+        restarts this one (``ferry.runtime.handoff``), written while the checkpoint is."""
+        where = self.config.handoff_dir if hand_over else None
         handle = self.saver.save(
-            state.tree(), step=state.global_step, meta=meta, extra_files=extra_files, blocking=blocking
+            state.tree(),
+            step=state.global_step,
+            meta=meta,
+            extra_files=extra_files,
+            blocking=blocking,
+            mirror=None if not where else functools.partial(handoff.leave, where),
         )
         return handle.result() if blocking else None
 
     def wait(self) -> None:
         self.saver.wait()
-
-    def hand_over(self, capture: Callable[[], TrainingState]) -> None:
-        """Leave the state in host memory for the process that restarts this one."""
-        if self.config.handoff_dir:
-            state = capture()
-            handoff.leave(self.config.handoff_dir, state.tree(), state.global_step)
 
     def close(self) -> None:
         self.saver.close()
@@ -223,6 +228,7 @@ class RankedCheckpointer:
         meta: dict[str, Any],
         extra_files: dict[str, bytes] | None,
         blocking: bool,
+        hand_over: bool = False,
     ) -> CheckpointInfo | None:
         """Every rank at the same step, right after the agreement that decided it."""
         self.saver.wait()  # before staging: host memory holds one save's state at a time
@@ -248,9 +254,6 @@ class RankedCheckpointer:
     def wait(self) -> None:
         """Until the save in flight is committed (or failed) on every rank."""
         self.saver.wait()
-
-    def hand_over(self, capture: Callable[[], TrainingState]) -> None:
-        """Ranks resume from storage."""
 
     def close(self) -> None:
         """Wait for the save in flight; a crash after this is no longer ferry's to handle."""

@@ -445,9 +445,10 @@ class Session(Hooks):
         except FerryError as exc:
             self._failed(self.global_step, exc)
 
-    def _write(self, blocking: bool) -> CheckpointInfo | None:
+    def _write(self, blocking: bool, hand_over: bool = False) -> CheckpointInfo | None:
         """Save the state: in the background when the checkpointer can and ``blocking`` is
-        False; the files of a FunctionCheckpoint are written first, the state captured after."""
+        False; the files of a FunctionCheckpoint are written first, the state captured after.
+        ``hand_over``: also for the process that restarts this one (``Checkpointer``)."""
         extra = self.extra_files() if self.extra_files else None
         return self.checkpointer.write(
             self._capture(),
@@ -455,6 +456,7 @@ class Session(Hooks):
             meta={"job_id": self.job_id, "argv": sys.argv},
             extra_files=extra,
             blocking=blocking,
+            hand_over=hand_over,
         )
 
     def _committed(self, info: CheckpointInfo) -> None:
@@ -465,6 +467,7 @@ class Session(Hooks):
 
     def _stop(self, requests: list[Request], why: str) -> None:
         self._stopping = True
+        restart = next((r.env or {} for r in requests if r.action == "restart"), None)
         self.report.stopping(self.global_step, why)
         try:
             try:
@@ -473,16 +476,13 @@ class Session(Hooks):
                 log.warning("ferry: the previous checkpoint had failed: %s", exc)
             self.report.awaiting(self.global_step, requests)
             self._last_step = self.global_step
-            info = self._write(blocking=True)
+            info = self._write(blocking=True, hand_over=restart is not None)
             if info is None:
                 raise bug("a blocking save returned no checkpoint")
         except Exception as exc:  # whatever went wrong, the job must say so and exit distinctly
             code = self.report.stop_failed(self.global_step, exc, requests)
             self.close()
             raise SystemExit(code) from exc
-        restart = next((r.env or {} for r in requests if r.action == "restart"), None)
-        if restart is not None:
-            self.checkpointer.hand_over(self._capture)
         code = self.report.stopped(info, restart)
         self.report.overtaken(info)
         self.close()
