@@ -59,9 +59,8 @@ def test_single_process_soak_equals_uninterrupted(tmp_path: Path) -> None:
         KINDS,
         ["--compare", "out/params.txt", "--steps", "out/log.txt"],
         [sys.executable, str(SCRIPTS / "zc_epochs.py"), "--out", "out", "--epochs", "6", "--sleep", "0.08"],
-        events=30,  # enough faults that remote outages meet copies (checked below)
     )
-    check(summary, events=30)
+    check(summary)
     if os.geteuid() == 0:  # the full disk needs a tmpfs of its own
         assert "disk-full" not in summary["skipped_kinds"]  # type: ignore[operator]
     # The remote went down while copies were under way, and ferry's retries met it (the S3
