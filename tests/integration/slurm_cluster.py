@@ -245,11 +245,16 @@ def slurm_cluster(cred_expire: int | None = CRED_EXPIRE) -> Iterator[SlurmCluste
             shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def slurm() -> Iterator[SlurmCluster]:
+def require_slurm() -> None:
+    """Skip the test, saying why, where no cluster can be started here."""
     reason = _missing()
     if reason is not None:
         pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def slurm() -> Iterator[SlurmCluster]:
+    require_slurm()
     started = time.monotonic()
     with slurm_cluster() as cluster:
         print(f"\nslurm cluster up in {time.monotonic() - started:.1f} s")  # shown with -s / -rA
