@@ -8,6 +8,7 @@ checksum, decoding the tree) is wire.py: this module adds torch's side of it.
 from __future__ import annotations
 
 import base64
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -159,6 +160,28 @@ def _add_ndarray(a: np.ndarray, out: Flattened, path: Path) -> int:
     out.entries.append(TensorEntry(a.dtype.str, list(a.shape), a.nbytes, "numpy"))
     out.arrays.append(a)
     return len(out.arrays) - 1
+
+
+def entries_json(entries: list[TensorEntry]) -> wire.RawJSON:
+    """The manifest's ``tensors`` field: ``json.dumps([e.to_json() for e in entries],
+    separators=(",", ":"))``, character for character (the manifest's checksum is over that
+    form), formatted directly. json's encoder took 2 us a record, as long as the rest of a
+    save's work per tensor. Every field's type is fixed by ``flatten``: strings (quoted by
+    json itself, once per distinct one), ints and a list of ints, whose ``str`` is their
+    JSON but for the spaces after commas."""
+    texts = {e.dtype for e in entries} | {e.device for e in entries} | {e.file for e in entries}
+    q = {text: json.dumps(text) for text in texts | {"torch", "numpy"}}
+    return wire.RawJSON(
+        "["
+        + ",".join(
+            [
+                f'{{"dtype":{q[e.dtype]},"shape":{str(e.shape).replace(" ", "")},"nbytes":{e.nbytes},'
+                f'"kind":{q[e.kind]},"device":{q[e.device]},"file":{q[e.file]},"offset":{e.offset}}}'
+                for e in entries
+            ]
+        )
+        + "]"
+    )
 
 
 def layout(entries: list[TensorEntry], file: str = "data-0.bin") -> int:

@@ -91,9 +91,14 @@ def _check_dtype(name: object) -> object:
 _DEVICE = re.compile(r"[a-z][a-z0-9_]{0,31}(:[0-9]{1,6})?")
 
 
+def device_ok(name: object) -> bool:
+    """Whether ``name`` has the form of a device string (``cpu``, ``cuda:1``)."""
+    return isinstance(name, str) and _DEVICE.fullmatch(name) is not None
+
+
 def check_device(name: object) -> str:
     """A device string of the manifest (``cpu``, ``cuda:1``), checked for its form."""
-    if not isinstance(name, str) or not _DEVICE.fullmatch(name):
+    if not isinstance(name, str) or not device_ok(name):
         raise UnsafeCheckpointError(f"bad device {short(name)} in manifest")
     return name
 
@@ -224,6 +229,11 @@ def manifest_checksum(body: Mapping[str, object]) -> str:
     return str(xxhash.xxh3_64_hexdigest(canon.encode()))
 
 
+class RawJSON(str):
+    """JSON text that ``manifest_bytes`` writes as it is: a field its writer encoded itself,
+    exactly as ``json.dumps(value, separators=(",", ":"))`` would (format.entries_json)."""
+
+
 _OWN = ("tensors", "tree")
 _ENTRY_BREAK = '},{"dtype":'
 """Where one tensor entry ends and the next begins in compact JSON: nowhere else, since a
@@ -239,12 +249,15 @@ def manifest_bytes(body: Mapping[str, object]) -> bytes:
     reading it: JSON strings hold no raw line breaks, so the canonical form is the file
     without its line breaks (``written_checksum``), and reading it needs no second
     serialization. Encoding runs in json's C encoder (``indent`` would take its Python one:
-    a manifest of 20,000 tensors took half a second)."""
+    a manifest of 20,000 tensors took half a second). A ``RawJSON`` value is written as it
+    is (the tensor table, which format.entries_json formats in a third of json's time)."""
     compact = (",", ":")
     # The tensor table and the tree are ferry's own fresh containers, never cyclic: no
     # cycle check (a fifth of the time); ``meta`` is the caller's and keeps it.
     fields = [
-        f"{json.dumps(key)}:{json.dumps(value, separators=compact, check_circular=key not in _OWN)}"
+        f"{json.dumps(key)}:{value}"
+        if isinstance(value, RawJSON)
+        else f"{json.dumps(key)}:{json.dumps(value, separators=compact, check_circular=key not in _OWN)}"
         for key, value in body.items()
     ]
     digest = xxhash.xxh3_64_hexdigest(("{" + ",".join(fields) + "}").encode())
