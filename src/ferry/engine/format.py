@@ -136,16 +136,15 @@ def _enc(v: Any, out: Flattened, path: Path) -> object:
 def _add_tensor(t: torch.Tensor, out: Flattened, path: Path, key: object) -> int:
     """Record tensor ``t``, at ``path`` (then ``key``, unless None, a tuple per tensor
     being made only for an error message)."""
-    name = _DTYPE_IDS.get(id(t.dtype))
-    if name is None or t.layout is not torch.strided or t.is_quantized:
+    name = _DTYPE_IDS.get(id(t.dtype))  # (quantized dtypes are not in the table)
+    if name is None or t.layout is not torch.strided:
         where = path if key is None else (*path, key)
         raise UnsupportedStateError(
             f"cannot checkpoint tensor {_name(where)}: layout {t.layout}, dtype {t.dtype}; "
             "convert it to a dense tensor of a standard dtype first"
         )
-    nbytes = t.numel() * t.element_size()
     out.entries.append(
-        TensorEntry(name, list(t.shape), nbytes, "torch", "cpu" if t.is_cpu else str(t.device))
+        TensorEntry(name, list(t.shape), t.nbytes, "torch", "cpu" if t.is_cpu else str(t.device))
     )
     out.arrays.append(t.detach() if t.requires_grad else t)  # detach costs a new tensor object
     return len(out.arrays) - 1

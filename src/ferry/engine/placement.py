@@ -166,7 +166,7 @@ def plan_file(
     pos = 0
     batch: list[tuple[int, int, int]] = []
     batch_start = 0
-    dtypes: dict[tuple[str, str], torch.dtype] = {}
+    specs: dict[str, tuple[torch.dtype, bool, int]] = {}  # dtype name: (cut as, raw, item size)
 
     scratch: list[memoryview] = []
 
@@ -195,31 +195,36 @@ def plan_file(
         lead = batch_start % ALIGN
         buf = bounce.take()
         runs: list[Run] = []
-        run: Run | None = None
+        run = Run(torch.uint8, False, 0, 0)  # a placeholder: the first tensor starts a run
+        sizes, index, shapes, run_end = run.sizes, run.index, run.shapes, 0
         for offset, stop, i in batch:
             e = entries[i]
-            key = (e["kind"], e["dtype"])
-            dtype = dtypes.get(key)
-            if dtype is None:  # numpy: raw bytes of its own, decoded as the big ones are
-                dtype = dtypes[key] = torch.uint8 if key[0] != "torch" else torch_dtype(key[1])
-            raw = key[0] != "torch"
-            itemsize = dtype.itemsize
+            name = e["dtype"]
+            spec = specs.get(name)
+            if spec is None:  # (a checked record's dtype name says its kind: "float32", "<f4")
+                raw = e["kind"] != "torch"  # numpy: raw bytes, decoded as the big ones are
+                dtype = torch.uint8 if raw else torch_dtype(name)
+                spec = specs[name] = (dtype, raw, dtype.itemsize)
+            dtype, raw, itemsize = spec
             # The batch lies in the buffer at the file's alignment: every tensor's byte offset
             # there is then a multiple of its item size (which divides ALIGN), as in the file.
             at = (lead + offset - batch_start) // itemsize
             count = (stop - offset) // itemsize
-            if run is None or run.dtype is not dtype or run.raw is not raw:
+            if not runs or run.dtype is not dtype or run.raw is not raw:
+                run.end = run_end
                 run = Run(dtype, raw, at, at)
                 runs.append(run)
-            elif at > run.end:  # the padding before it, a piece of its own
-                run.sizes.append(at - run.end)
-                run.index.append(-1)
-                run.shapes.append(None)
+                sizes, index, shapes = run.sizes, run.index, run.shapes
+            elif at > run_end:  # the padding before it, a piece of its own
+                sizes.append(at - run_end)
+                index.append(-1)
+                shapes.append(None)
             shape = e["shape"]
-            run.sizes.append(count)
-            run.index.append(i)
-            run.shapes.append(None if raw or (len(shape) == 1 and shape[0] == count) else shape)
-            run.end = at + count
+            sizes.append(count)
+            index.append(i)
+            shapes.append(None if raw or (len(shape) == 1 and shape[0] == count) else shape)
+            run_end = at + count
+        run.end = run_end
         plan.copy_outs[len(plan.pieces)] = (buf, runs)
         plan.pieces.append(byte_view(buf[lead : lead + end - batch_start]))
         pos = end

@@ -105,6 +105,9 @@ if PACK_BYTES < 2 * PACK_MAX:
     raise bug("the pack buffer must hold two of the largest packed pieces")
 
 
+_COMPLEX = frozenset(("complex64", "complex128"))
+
+
 def _packable(entry: TensorEntry, arr: torch.Tensor | np.ndarray) -> bool:
     """A small tensor whose bytes lie in host memory, in order, as they are: copied by
     address. A torch op costs about a microsecond in dispatch, the bytes of a small tensor
@@ -116,7 +119,7 @@ def _packable(entry: TensorEntry, arr: torch.Tensor | np.ndarray) -> bool:
         and entry.device == "cpu"
         and (type(arr) is torch.Tensor or type(arr) is torch.nn.Parameter)
         and arr.is_contiguous()
-        and not arr.is_conj()
+        and (entry.dtype not in _COMPLEX or not arr.is_conj())  # only these are conjugated
         and not arr.is_neg()
     )
 
