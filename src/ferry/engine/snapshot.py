@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from ferry.engine.format import Flattened, TensorEntry, layout, torch_dtype
+from ferry.engine.format import ALIGN, Flattened, TensorEntry, layout, torch_dtype
 from ferry.errors import bug
 from ferry.knobs import WRITE_BOUNCE_BYTES, WRITE_SMALL_BYTES
 from ferry.storage.pools import submit
@@ -191,6 +191,7 @@ def _segments(
 ) -> Iterator[memoryview]:
     pack = torch.empty(PACK_BYTES, dtype=torch.uint8)
     base, view = pack.data_ptr(), byte_view(pack)
+    memmove, zeros = ctypes.memmove, memoryview(bytes(ALIGN))
     fill = 0  # bytes in the pack, which holds the file's bytes up to ``pos``
     pos = 0
     for entry, arr in zip(entries, arrays, strict=True):
@@ -202,13 +203,11 @@ def _segments(
             yield view[:fill]
             fill = 0
         if gap:
-            ctypes.memset(base + fill, 0, gap)
+            view[fill : fill + gap] = zeros[:gap]
             fill += gap
         pos = entry.offset + nbytes
         if _packable(entry, arr):
-            if not isinstance(arr, torch.Tensor):
-                raise bug("an array without host bytes that is not a tensor")
-            ctypes.memmove(base + fill, arr.data_ptr(), nbytes)
+            memmove(base + fill, arr.data_ptr(), nbytes)  # type: ignore[union-attr]
             fill += nbytes
             continue
         if fill:
