@@ -16,6 +16,7 @@ import ctypes
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeGuard
 
 import numpy as np
 import torch
@@ -108,7 +109,7 @@ if PACK_BYTES < 2 * PACK_MAX:
 _COMPLEX = frozenset(("complex64", "complex128"))
 
 
-def _packable(entry: TensorEntry, arr: torch.Tensor | np.ndarray) -> bool:
+def _packable(arr: torch.Tensor | np.ndarray, entry: TensorEntry) -> TypeGuard[torch.Tensor]:
     """A small tensor whose bytes lie in host memory, in order, as they are: copied by
     address. A torch op costs about a microsecond in dispatch, the bytes of a small tensor
     less; viewing a tensor as bytes took two ops and copying it a third. Tensor subclasses
@@ -142,9 +143,7 @@ def snapshot(flat: Flattened, buffer: HostBuffer) -> tuple[torch.Tensor, int]:
         if offset > pos:
             ctypes.memset(base + pos, 0, offset - pos)
         pos = offset + nbytes
-        if _packable(entry, arr):
-            if not isinstance(arr, torch.Tensor):
-                raise bug("an array without host bytes that is not a tensor")
+        if _packable(arr, entry):
             ctypes.memmove(base + offset, arr.data_ptr(), nbytes)
             continue
         src = _host_bytes(arr)
@@ -206,8 +205,8 @@ def _segments(
             view[fill : fill + gap] = zeros[:gap]
             fill += gap
         pos = entry.offset + nbytes
-        if _packable(entry, arr):
-            memmove(base + fill, arr.data_ptr(), nbytes)  # type: ignore[union-attr]
+        if _packable(arr, entry):
+            memmove(base + fill, arr.data_ptr(), nbytes)
             fill += nbytes
             continue
         if fill:

@@ -15,7 +15,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import xxhash
 
@@ -91,14 +91,14 @@ def _check_dtype(name: object) -> object:
 _DEVICE = re.compile(r"[a-z][a-z0-9_]{0,31}(:[0-9]{1,6})?")
 
 
-def device_ok(name: object) -> bool:
+def device_ok(name: object) -> TypeGuard[str]:
     """Whether ``name`` has the form of a device string (``cpu``, ``cuda:1``)."""
     return isinstance(name, str) and _DEVICE.fullmatch(name) is not None
 
 
 def check_device(name: object) -> str:
     """A device string of the manifest (``cpu``, ``cuda:1``), checked for its form."""
-    if not isinstance(name, str) or not device_ok(name):
+    if not device_ok(name):
         raise UnsafeCheckpointError(f"bad device {short(name)} in manifest")
     return name
 
@@ -231,7 +231,8 @@ def manifest_checksum(body: Mapping[str, object]) -> str:
 
 class RawJSON(str):
     """JSON text that ``manifest_bytes`` writes as it is: a field its writer encoded itself,
-    exactly as ``json.dumps(value, separators=(",", ":"))`` would (format.entries_json)."""
+    exactly as ``json.dumps(value, separators=(",", ":"))`` would (format.entries_json).
+    Only for writing: a manifest read back holds the decoded values."""
 
 
 _OWN = ("tensors", "tree")
