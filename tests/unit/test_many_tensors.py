@@ -222,7 +222,8 @@ MUTATIONS: list[dict[str, Any]] = [
     {"shape": [1] * 33, "nbytes": 4}, {"shape": [1] * 32, "nbytes": 4}, {"shape": [2**61], "nbytes": 2**63},
     {"nbytes": 31}, {"nbytes": True}, {"nbytes": 32.0}, {"offset": -64}, {"offset": 66}, {"offset": 2**20},
     {"offset": 4096 - 32}, {"offset": 4096 - 31}, {"offset": 2**64}, {"file": "other.bin"}, {"file": 3},
-    {"device": "CUDA!"}, {"device": "cuda:0"}, {"device": 0}, {"extra": 1},
+    {"device": "CUDA!"}, {"device": "cuda:0"}, {"device": 0}, {"device": ["cpu"]}, {"file": ["x"]},
+    {"dtype": ["float32"]}, {"kind": ["torch"]}, {"shape": [[1]]}, {"extra": 1},
 ]  # fmt: skip
 
 

@@ -275,6 +275,8 @@ def _fitting_records(value: object, files: object) -> list[TensorRecord] | None:
             or offset + nbytes > size
         ):
             return None
+        if type(device) is not str:
+            return None
         if device not in devices:
             if not device_ok(device):
                 return None
