@@ -227,8 +227,10 @@ MUTATIONS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("change", MUTATIONS, ids=[str(m) for m in MUTATIONS])
-@pytest.mark.parametrize("size", [4096, -1, "4096"])
+CASES = [(change, 4096) for change in MUTATIONS] + [({}, -1), ({}, "4096"), ({"offset": 0}, 2**63)]
+
+
+@pytest.mark.parametrize(("change", "size"), CASES, ids=[f"{c} in {s!r}" for c, s in CASES])
 def test_the_one_pass_record_check_accepts_exactly_what_the_two_checks_accept(
     change: dict[str, Any], size: object
 ) -> None:
@@ -241,7 +243,7 @@ def test_the_one_pass_record_check_accepts_exactly_what_the_two_checks_accept(
     records = [dict(GOOD, offset=0), record, dict(GOOD, offset=128)]
     files: dict[str, Any] = {"data-0.bin": {"size": size, "xxh3_64": "0" * 16}}
     try:
-        ok = _plain_records(records) is not None and type(size) is int and size >= 0
+        ok = _plain_records(records) is not None and type(size) is int and 0 <= size < 2**63
         if ok:
             check_tensors(records, files, "ck")  # type: ignore[arg-type]
     except (CorruptCheckpointError, UnsafeCheckpointError):
