@@ -9,7 +9,7 @@ whole buffer, and handing its storage to another process (DataLoader workers,
 - a big tensor gets a fresh buffer of its own size and is read into directly;
 - small tensors, where one read call each would cost more than the bytes, are read in
   batches through two reused bounce buffers and each copied out into its own tensor
-  (each run of one dtype copied out by one call, into a tensor of its own per tensor);
+  (a run of tensors of one dtype by one call);
 - tensors whose bytes overlap in the file (never written by ferry: a file written
   elsewhere whose tensors are views of one base) share one buffer of their joint span,
   as the views did;
