@@ -64,7 +64,7 @@ def test_300_small_tensors_each_own_their_storage(tmp_path: Path) -> None:
 
 
 def test_big_small_empty_and_numpy_arrays_mixed_beyond_one_read_buffer(tmp_path: Path) -> None:
-    """More small bytes than one bounce buffer holds (16 MiB), interleaved with big tensors,
+    """More small bytes than a bounce buffer holds (placement.BOUNCE_BYTES), among big tensors,
     empty ones and numpy arrays: all values intact, every tensor on its own storage."""
     g = torch.Generator().manual_seed(1)
     state: dict[str, Any] = {}

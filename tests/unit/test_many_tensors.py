@@ -21,7 +21,7 @@ from ferry.engine import AsyncSaver, list_checkpoints, load, read_manifest, save
 from ferry.engine.format import manifest_checksum
 from ferry.engine.snapshot import PACK_BYTES, PACK_MAX
 from ferry.engine.wire import written_checksum
-from ferry.errors import CorruptCheckpointError
+from ferry.errors import CorruptCheckpointError, UnsafeCheckpointError
 from ferry.storage import open_storage
 
 
@@ -209,3 +209,43 @@ def test_a_deep_value_in_a_tensor_record_is_refused_on_the_fast_path(tmp_path: P
     (folder / "manifest.json").write_bytes(raw)
     with pytest.raises(CorruptCheckpointError, match="nests deeper than 200 levels"):
         read_manifest(open_storage(str(tmp_path / "ck")), folder.name)
+
+
+GOOD = {"dtype": "float32", "shape": [4, 2], "nbytes": 32, "kind": "torch", "device": "cpu",
+        "file": "data-0.bin", "offset": 64}  # fmt: skip
+MUTATIONS: list[dict[str, Any]] = [
+    {}, {"dtype": "float99"}, {"dtype": 5}, {"dtype": "<f4"}, {"kind": "jax"}, {"kind": None},
+    {"kind": "numpy", "dtype": "<f4"}, {"kind": "numpy", "dtype": "|O"},
+    {"kind": "numpy", "dtype": "float32"}, {"shape": []}, {"shape": [], "nbytes": 4},
+    {"shape": [0, 3], "nbytes": 0}, {"shape": [0, 3]}, {"shape": [-1]}, {"shape": [True, 8]},
+    {"shape": [8.0]}, {"shape": "8"}, {"shape": [2**40, 2**40, 0], "nbytes": 0},
+    {"shape": [1] * 33, "nbytes": 4}, {"shape": [1] * 32, "nbytes": 4}, {"shape": [2**61], "nbytes": 2**63},
+    {"nbytes": 31}, {"nbytes": True}, {"nbytes": 32.0}, {"offset": -64}, {"offset": 66}, {"offset": 2**20},
+    {"offset": 4096 - 32}, {"offset": 4096 - 31}, {"offset": 2**64}, {"file": "other.bin"}, {"file": 3},
+    {"device": "CUDA!"}, {"device": "cuda:0"}, {"device": 0}, {"device": ["cpu"]}, {"file": ["x"]},
+    {"dtype": ["float32"]}, {"kind": ["torch"]}, {"shape": [[1]]}, {"extra": 1},
+]  # fmt: skip
+
+
+CASES = [(change, 4096) for change in MUTATIONS] + [({}, -1), ({}, "4096"), ({"offset": 0}, 2**63)]
+
+
+@pytest.mark.parametrize(("change", "size"), CASES, ids=[f"{c} in {s!r}" for c, s in CASES])
+def test_the_one_pass_record_check_accepts_exactly_what_the_two_checks_accept(
+    change: dict[str, Any], size: object
+) -> None:
+    """A load checks the tensor records in one pass when they are plain and fit; anything
+    else goes through the schema and ``check_tensors``, whose messages name the problem.
+    The one pass must never accept what those refuse."""
+    from ferry.engine.manifest import _fitting_records, _plain_records, check_tensors
+
+    record = {**GOOD, **change}
+    records = [dict(GOOD, offset=0), record, dict(GOOD, offset=128)]
+    files: dict[str, Any] = {"data-0.bin": {"size": size, "xxh3_64": "0" * 16}}
+    try:
+        ok = _plain_records(records) is not None and type(size) is int and 0 <= size < 2**63
+        if ok:
+            check_tensors(records, files, "ck")  # type: ignore[arg-type]
+    except (CorruptCheckpointError, UnsafeCheckpointError):
+        ok = False
+    assert (_fitting_records(records, files) is not None) == ok

@@ -21,10 +21,10 @@ from ferry.storage.pools import submit
 CHUNK = READ_CHUNK_BYTES
 _hash_pool = ThreadPoolExecutor(1, thread_name_prefix="ferry-verify")
 
-HASH_AWAY_MIN = 4 << 20
-"""Pieces of this size and more are hashed on another thread while the next is read; a
-smaller one (a tensor of its own, a few hundred KiB) is hashed in place: handing it over
-cost about as much as hashing it."""
+HASH_AWAY_MIN = 1 << 20
+"""Pieces of this size and more are hashed on another thread while the next is read (a
+batch of small tensors, placement.BOUNCE_BYTES, is one); a smaller one (a tensor of its
+own, a few hundred KiB) is hashed in place: handing it over cost about as much as hashing it."""
 
 MAX_MANIFEST = 256 << 20
 """The largest manifest read (a million tensors take about 200 MB); a bigger one is refused

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ferry._version import __version__
-from ferry.engine.format import FORMAT_NAME, FORMAT_VERSION, Flattened, manifest_bytes
+from ferry.engine.format import FORMAT_NAME, FORMAT_VERSION, Flattened, entries_json, manifest_bytes
 from ferry.errors import ConfigError
 from ferry.storage import Storage, Transaction
 
@@ -73,7 +73,7 @@ def build_manifest(
         "pid": os.getpid(),
         "world_size": world_size,
         "files": files,
-        "tensors": [e.to_json() for e in flat.entries],
+        "tensors": entries_json(flat.entries),
         "tree": flat.tree,
         "meta": meta or {},
     }

@@ -9,7 +9,7 @@ whole buffer, and handing its storage to another process (DataLoader workers,
 - a big tensor gets a fresh buffer of its own size and is read into directly;
 - small tensors, where one read call each would cost more than the bytes, are read in
   batches through two reused bounce buffers and each copied out into its own tensor
-  (cut in runs of one dtype by one call, then cloned);
+  (a run of tensors of one dtype by one call);
 - tensors whose bytes overlap in the file (never written by ferry: a file written
   elsewhere whose tensors are views of one base) share one buffer of their joint span,
   as the views did;
@@ -18,7 +18,9 @@ whole buffer, and handing its storage to another process (DataLoader workers,
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -30,8 +32,18 @@ from ferry.engine.snapshot import byte_view, tensor_bytes
 DIRECT_MIN = 256 << 10
 """Tensors below this are read through the bounce buffers: not worth a read call each."""
 
+_split_copy: Callable[[torch.Tensor, list[int]], list[torch.Tensor]] = torch.split_with_sizes_copy  # type: ignore[assignment]
+"""``split_with_sizes`` whose pieces are fresh tensors (torch's stub knows only its
+``out=`` form, which returns nothing)."""
+
 Owner = tuple[torch.Tensor, int]
 """The host buffer a tensor's bytes ended in, and their offset there."""
+
+
+BOUNCE_BYTES = 4 << 20
+"""The size of each bounce buffer. Every load pays for faulting its pages in (a fresh
+buffer's, from the system): two of 16 MiB (a read chunk) took a quarter of the time of
+loading 20,000 tensors of 4 KiB, where a batch of a few MiB is as cheap to read and hash."""
 
 
 class Bounce:
@@ -40,7 +52,7 @@ class Bounce:
     never share a buffer. Allocated on first use, ``size`` bytes (and an alignment's
     worth) each."""
 
-    def __init__(self, size: int = CHUNK) -> None:
+    def __init__(self, size: int = BOUNCE_BYTES) -> None:
         self.size = size
         self._bufs: list[torch.Tensor] = []
         self._turn = 0
@@ -53,37 +65,38 @@ class Bounce:
         return buf
 
 
-Member = tuple[int, list[int] | None, bool] | None
-"""A piece of a run (below): a small tensor's index, its shape (None when it is the run's
-1-D piece as it is), and whether it is copied out as raw bytes (a numpy array's, decoded
-later); None for the padding between two tensors."""
-
-
 @dataclass
 class Run:
     """Consecutive small tensors of one dtype in a bounce buffer, and the padding between
-    them: one ``split_with_sizes`` of the buffer seen as that dtype cuts all of them, each
-    then cloned into memory of its own. A view made per tensor (``as_strided``, a slice)
-    cost more than the clone."""
+    them: one ``split_with_sizes_copy`` of the buffer seen as that dtype makes all of them,
+    each in memory of its own, in one call (a clone per tensor, each a call from Python,
+    cost as much again)."""
 
     dtype: torch.dtype
+    raw: bool
+    """A numpy array's bytes (``dtype`` is uint8): they are decoded later."""
     start: int
     """Element offset of its first tensor in the buffer seen as ``dtype``."""
     end: int
     sizes: list[int] = field(default_factory=list)
-    members: list[Member] = field(default_factory=list)
+    index: list[int] = field(default_factory=list)
+    """The tensor index of each piece; -1 for the padding between two tensors."""
+    shapes: list[list[int] | None] = field(default_factory=list)
+    """Each piece's shape, None where it is the 1-D piece as it is (or padding)."""
 
 
 @dataclass
 class FilePlan:
     """The pieces one data file is read into, in file order, and the tensors they make:
-    ``values`` (decoded, in memory of their own) and ``owners`` (raw bytes, to decode).
+    ``values[i]`` (small torch tensors, decoded, in memory of their own) and ``owners``
+    (raw bytes, to decode: big tensors, numpy arrays, tensors sharing bytes).
 
     Both are complete once every piece has been read and ``filled`` called on it."""
 
+    values: list[Any]
+    """One slot per tensor of the checkpoint (shared by the plans of all its files)."""
     pieces: list[memoryview] = field(default_factory=list)
     owners: dict[int, Owner] = field(default_factory=dict)
-    values: dict[int, torch.Tensor] = field(default_factory=dict)
     copy_outs: dict[int, tuple[torch.Tensor, list[Run]]] = field(default_factory=dict)
     """Piece index -> (the bounce buffer it lies in, the runs of small tensors in it)."""
 
@@ -94,23 +107,21 @@ class FilePlan:
         if batch is None:
             return
         buf, runs = batch
+        values, owners = self.values, self.owners
         typed: dict[torch.dtype, torch.Tensor] = {}
         for run in runs:
             view = typed.get(run.dtype)
             if view is None:
                 view = typed[run.dtype] = buf.view(run.dtype)
-            parts = view[run.start : run.end].split_with_sizes(run.sizes)
-            for part, member in zip(parts, run.members, strict=True):
-                if member is None:
-                    continue
-                i, shape, raw = member
-                own = part.clone()
-                if shape is not None:
-                    own = own.view(shape)
-                if raw:
-                    self.owners[i] = (own, 0)
-                else:
-                    self.values[i] = own
+            parts = _split_copy(view[run.start : run.end], run.sizes)
+            if run.raw:  # numpy arrays' bytes, decoded later
+                for part, i in zip(parts, run.index, strict=True):
+                    if i >= 0:
+                        owners[i] = (part, 0)
+                continue
+            for part, i, shape in zip(parts, run.index, run.shapes, strict=True):
+                if i >= 0:
+                    values[i] = part if shape is None else part.view(shape)
 
 
 Unit = tuple[int, int, list[int]]
@@ -131,11 +142,17 @@ def _units(spans: list[tuple[int, int, int]]) -> list[Unit]:
 
 
 def plan_file(
-    entries: list[TensorRecord], file: str, size: int, targets: dict[int, torch.Tensor], bounce: Bounce
+    entries: list[TensorRecord],
+    file: str,
+    size: int,
+    targets: dict[int, torch.Tensor],
+    bounce: Bounce,
+    values: list[Any],
 ) -> FilePlan:
     """Where each byte of ``file`` (``size`` bytes) goes; ``targets`` maps tensor indices to
-    the live tensors their bytes are read straight into (never tensors that share bytes)."""
-    plan = FilePlan()
+    the live tensors their bytes are read straight into (never tensors that share bytes).
+    Small torch tensors land in ``values`` (one slot per entry), the rest in ``owners``."""
+    plan = FilePlan(values)
     spans: list[tuple[int, int, int]] = []
     for i, e in enumerate(entries):
         if e["file"] != file:
@@ -145,9 +162,17 @@ def plan_file(
         else:
             plan.owners[i] = (torch.empty(0, dtype=torch.uint8), 0)
     spans.sort()
+    # (start, end, a tensor's index, the indices of all the tensors sharing those bytes or
+    # None): ferry writes every tensor apart, each span then alone, without a list each.
+    groups: Iterable[tuple[int, int, int, list[int] | None]]
+    if all(spans[k][1] <= spans[k + 1][0] for k in range(len(spans) - 1)):
+        groups = ((start, end, i, None) for start, end, i in spans)
+    else:
+        groups = ((start, end, m[0], m if len(m) > 1 else None) for start, end, m in _units(spans))
     pos = 0
-    batch: list[int] = []
+    batch: list[tuple[int, int, int]] = []
     batch_start = 0
+    specs: dict[str, tuple[torch.dtype, bool, int]] = {}  # dtype name: (cut as, raw, item size)
 
     scratch: list[memoryview] = []
 
@@ -172,50 +197,61 @@ def plan_file(
         nonlocal pos
         if not batch:
             return
-        end = entries[batch[-1]]["offset"] + entries[batch[-1]]["nbytes"]
+        end = batch[-1][1]
         lead = batch_start % ALIGN
         buf = bounce.take()
         runs: list[Run] = []
-        for i in batch:
+        run = Run(torch.uint8, False, 0, 0)  # a placeholder: the first tensor starts a run
+        sizes, index, shapes, run_end = run.sizes, run.index, run.shapes, 0
+        for offset, stop, i in batch:
             e = entries[i]
-            raw = e["kind"] != "torch"  # numpy: raw bytes of its own, decoded as the big ones are
-            dtype = torch.uint8 if raw else torch_dtype(e["dtype"])
+            name = e["dtype"]
+            spec = specs.get(name)
+            if spec is None:  # (a checked record's dtype name says its kind: "float32", "<f4")
+                raw = e["kind"] != "torch"  # numpy: raw bytes, decoded as the big ones are
+                dtype = torch.uint8 if raw else torch_dtype(name)
+                spec = specs[name] = (dtype, raw, dtype.itemsize)
+            dtype, raw, itemsize = spec
             # The batch lies in the buffer at the file's alignment: every tensor's byte offset
             # there is then a multiple of its item size (which divides ALIGN), as in the file.
-            at = (lead + e["offset"] - batch_start) // dtype.itemsize
-            count = e["nbytes"] // dtype.itemsize
-            run = runs[-1] if runs and runs[-1].dtype is dtype else None
-            if run is None:
-                run = Run(dtype, at, at)
+            at = (lead + offset - batch_start) // itemsize
+            count = (stop - offset) // itemsize
+            if not runs or run.dtype is not dtype or run.raw is not raw:
+                run.end = run_end
+                run = Run(dtype, raw, at, at)
                 runs.append(run)
-            elif at > run.end:  # the padding before it, a piece of its own
-                run.sizes.append(at - run.end)
-                run.members.append(None)
+                sizes, index, shapes = run.sizes, run.index, run.shapes
+            elif at > run_end:  # the padding before it, a piece of its own
+                sizes.append(at - run_end)
+                index.append(-1)
+                shapes.append(None)
             shape = e["shape"]
-            run.sizes.append(count)
-            run.members.append((i, None if raw or (len(shape) == 1 and shape[0] == count) else shape, raw))
-            run.end = at + count
+            sizes.append(count)
+            index.append(i)
+            shapes.append(None if raw or (len(shape) == 1 and shape[0] == count) else shape)
+            run_end = at + count
+        run.end = run_end
         plan.copy_outs[len(plan.pieces)] = (buf, runs)
         plan.pieces.append(byte_view(buf[lead : lead + end - batch_start]))
         pos = end
         batch.clear()
 
-    for start, end, unit in _units(spans):
-        if len(unit) == 1 and unit[0] not in targets and end - start < DIRECT_MIN:
+    for start, end, first, shared in groups:
+        if shared is None and first not in targets and end - start < DIRECT_MIN:
             if batch and end - batch_start > bounce.size:
                 flush()
             if not batch:
                 skip_to(start)
                 batch_start = start
-            batch.append(unit[0])
+            batch.append((start, end, first))
             continue
         flush()
         skip_to(start)
-        if len(unit) == 1 and unit[0] in targets:
-            add(tensor_bytes(targets[unit[0]]))
+        if shared is None and first in targets:
+            add(tensor_bytes(targets[first]))
         else:  # one big tensor, or tensors sharing bytes: a buffer of their own span
             buf = torch.empty(end - start, dtype=torch.uint8)
-            for i in unit:
+            for i in shared or [first]:
                 plan.owners[i] = (buf, entries[i]["offset"] - start)
             add(byte_view(buf))
         pos = end

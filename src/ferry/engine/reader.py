@@ -141,29 +141,24 @@ def read_arrays(
     targets = targets or {}
     bounce = Bounce()
     owners: dict[int, Owner] = {}
-    values: dict[int, torch.Tensor] = {}
+    arrays: list[Any] = [None] * len(entries)
     for file, meta in files.items():
         reader = open_checked(storage, name, file, meta)  # before planning allocates
         try:
-            plan = plan_file(entries, file, int(meta["size"]), targets, bounce)
+            plan = plan_file(entries, file, int(meta["size"]), targets, bounce, arrays)
         except BaseException:
             reader.close()
             raise
         live = any(entries[i]["file"] == file for i in targets)
         stream_file(storage, name, file, meta, plan.pieces, live=live, filled=plan.filled, reader=reader)
         owners.update(plan.owners)
-        values.update(plan.values)
-    arrays: list[Any] = []
-    for i, e in enumerate(entries):
-        if i in targets:
-            arrays.append(targets[i])
-            continue
-        if i in values:
-            value = values[i]
-        else:
-            buf, at = owners[i]
-            value = decode_array(buf[at : at + e["nbytes"]], e)
-        arrays.append(value if e["kind"] == "numpy" or device.type == "cpu" else value.to(device))
+    for i, target in targets.items():
+        arrays[i] = target
+    for i, (buf, at) in owners.items():
+        arrays[i] = decode_array(buf[at : at + entries[i]["nbytes"]], entries[i])
+    if device.type != "cpu":  # (there are no targets then: into= reads into the CPU only)
+        arrays = [a if e["kind"] == "numpy" or i in targets else a.to(device)
+                  for i, (a, e) in enumerate(zip(arrays, entries, strict=True))]  # fmt: skip
     return arrays
 
 

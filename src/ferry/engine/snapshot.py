@@ -16,11 +16,12 @@ import ctypes
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeGuard
 
 import numpy as np
 import torch
 
-from ferry.engine.format import Flattened, TensorEntry, layout, torch_dtype
+from ferry.engine.format import ALIGN, Flattened, TensorEntry, layout, torch_dtype
 from ferry.errors import bug
 from ferry.knobs import WRITE_BOUNCE_BYTES, WRITE_SMALL_BYTES
 from ferry.storage.pools import submit
@@ -105,7 +106,10 @@ if PACK_BYTES < 2 * PACK_MAX:
     raise bug("the pack buffer must hold two of the largest packed pieces")
 
 
-def _packable(entry: TensorEntry, arr: torch.Tensor | np.ndarray) -> bool:
+_COMPLEX = frozenset(("complex64", "complex128"))
+
+
+def _packable(arr: torch.Tensor | np.ndarray, entry: TensorEntry) -> TypeGuard[torch.Tensor]:
     """A small tensor whose bytes lie in host memory, in order, as they are: copied by
     address. A torch op costs about a microsecond in dispatch, the bytes of a small tensor
     less; viewing a tensor as bytes took two ops and copying it a third. Tensor subclasses
@@ -116,7 +120,7 @@ def _packable(entry: TensorEntry, arr: torch.Tensor | np.ndarray) -> bool:
         and entry.device == "cpu"
         and (type(arr) is torch.Tensor or type(arr) is torch.nn.Parameter)
         and arr.is_contiguous()
-        and not arr.is_conj()
+        and (entry.dtype not in _COMPLEX or not arr.is_conj())  # only these are conjugated
         and not arr.is_neg()
     )
 
@@ -139,9 +143,7 @@ def snapshot(flat: Flattened, buffer: HostBuffer) -> tuple[torch.Tensor, int]:
         if offset > pos:
             ctypes.memset(base + pos, 0, offset - pos)
         pos = offset + nbytes
-        if _packable(entry, arr):
-            if not isinstance(arr, torch.Tensor):
-                raise bug("an array without host bytes that is not a tensor")
+        if _packable(arr, entry):
             ctypes.memmove(base + offset, arr.data_ptr(), nbytes)
             continue
         src = _host_bytes(arr)
@@ -188,6 +190,7 @@ def _segments(
 ) -> Iterator[memoryview]:
     pack = torch.empty(PACK_BYTES, dtype=torch.uint8)
     base, view = pack.data_ptr(), byte_view(pack)
+    memmove, zeros = ctypes.memmove, memoryview(bytes(ALIGN))
     fill = 0  # bytes in the pack, which holds the file's bytes up to ``pos``
     pos = 0
     for entry, arr in zip(entries, arrays, strict=True):
@@ -199,13 +202,11 @@ def _segments(
             yield view[:fill]
             fill = 0
         if gap:
-            ctypes.memset(base + fill, 0, gap)
+            view[fill : fill + gap] = zeros[:gap]
             fill += gap
         pos = entry.offset + nbytes
-        if _packable(entry, arr):
-            if not isinstance(arr, torch.Tensor):
-                raise bug("an array without host bytes that is not a tensor")
-            ctypes.memmove(base + fill, arr.data_ptr(), nbytes)
+        if _packable(arr, entry):
+            memmove(base + fill, arr.data_ptr(), nbytes)
             fill += nbytes
             continue
         if fill:

@@ -15,7 +15,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import xxhash
 
@@ -91,9 +91,14 @@ def _check_dtype(name: object) -> object:
 _DEVICE = re.compile(r"[a-z][a-z0-9_]{0,31}(:[0-9]{1,6})?")
 
 
+def device_ok(name: object) -> TypeGuard[str]:
+    """Whether ``name`` has the form of a device string (``cpu``, ``cuda:1``)."""
+    return isinstance(name, str) and _DEVICE.fullmatch(name) is not None
+
+
 def check_device(name: object) -> str:
     """A device string of the manifest (``cpu``, ``cuda:1``), checked for its form."""
-    if not isinstance(name, str) or not _DEVICE.fullmatch(name):
+    if not device_ok(name):
         raise UnsafeCheckpointError(f"bad device {short(name)} in manifest")
     return name
 
@@ -224,8 +229,15 @@ def manifest_checksum(body: Mapping[str, object]) -> str:
     return str(xxhash.xxh3_64_hexdigest(canon.encode()))
 
 
+class RawJSON(str):
+    """JSON text that ``manifest_bytes`` writes as it is: a field its writer encoded itself,
+    exactly as ``json.dumps(value, separators=(",", ":"))`` would (format.entries_json).
+    Only for writing: a manifest read back holds the decoded values."""
+
+
 _OWN = ("tensors", "tree")
-_ENTRY_BREAK = '},{"dtype":'
+_ENTRY_BREAK = b'},{"dtype":'
+_SHOWN_BREAK = b'},\n{"dtype":'
 """Where one tensor entry ends and the next begins in compact JSON: nowhere else, since a
 quote inside a string is escaped (``\\"``), and a string's closing quote is followed by
 ``,``, ``:``, ``}`` or ``]``, never by ``dtype``."""
@@ -239,20 +251,30 @@ def manifest_bytes(body: Mapping[str, object]) -> bytes:
     reading it: JSON strings hold no raw line breaks, so the canonical form is the file
     without its line breaks (``written_checksum``), and reading it needs no second
     serialization. Encoding runs in json's C encoder (``indent`` would take its Python one:
-    a manifest of 20,000 tensors took half a second)."""
+    a manifest of 20,000 tensors took half a second). A ``RawJSON`` value is written as it
+    is (the tensor table, which format.entries_json formats in a third of json's time)."""
     compact = (",", ":")
-    # The tensor table and the tree are ferry's own fresh containers, never cyclic: no
-    # cycle check (a fifth of the time); ``meta`` is the caller's and keeps it.
-    fields = [
-        f"{json.dumps(key)}:{json.dumps(value, separators=compact, check_circular=key not in _OWN)}"
-        for key, value in body.items()
-    ]
-    digest = xxhash.xxh3_64_hexdigest(("{" + ",".join(fields) + "}").encode())
-    shown = [
-        text.replace(_ENTRY_BREAK, "},\n{" + _ENTRY_BREAK[3:]) if key == "tensors" else text
-        for key, text in zip(body, fields, strict=True)
-    ]
-    return ("{" + ",\n".join(shown) + f',\n"checksum":"{digest}"}}\n').encode()
+    hasher = xxhash.xxh3_64()
+    shown: list[bytes] = []
+    for key, value in body.items():
+        # The tensor table and the tree are ferry's own fresh containers, never cyclic: no
+        # cycle check (a fifth of the time); ``meta`` is the caller's and keeps it.
+        own = key in _OWN
+        text = (
+            value
+            if isinstance(value, RawJSON)
+            else json.dumps(value, separators=compact, check_circular=not own)
+        )
+        # Each field is encoded once and hashed piece by piece, never joined first: every
+        # copy of a 3 MB table left out also saves its fresh memory, which costs as much.
+        head, data = f"{'{' if not shown else ','}{json.dumps(key)}:".encode(), text.encode()
+        hasher.update(head)
+        hasher.update(data)
+        shown.append(head)
+        shown.append(data.replace(_ENTRY_BREAK, _SHOWN_BREAK) if key == "tensors" else data)
+    hasher.update(b"}")
+    shown[2::2] = [b",\n" + head[1:] for head in shown[2::2]]
+    return b"".join([*shown, f',\n"checksum":"{hasher.hexdigest()}"}}\n'.encode()])
 
 
 _WRITTEN = re.compile(rb',"checksum":"([0-9a-f]{16})"\}')
