@@ -35,7 +35,9 @@ class Pace:
     cost: float | None = None
     """Seconds one agreement takes (None: not measured yet)."""
     step: float | None = None
-    """Seconds one training step takes, agreements and saves left out (None: not yet)."""
+    """Seconds one training step takes: each rank's median step since the last agreement
+    (agreements, saves and pauses between steps left out), the least of the ranks' (None:
+    not yet)."""
 
 
 def interval(pace: Pace, *, overhead: float = AGREE_OVERHEAD, latency: float = AGREE_LATENCY_SECONDS) -> int:
