@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ferry.session.agreement import Pace, agrees, interval
+from ferry.session.agreement import Pace, StepClock, agrees, interval
 
 # (case, cost of one agreement s, step s, steps between agreements); overhead 0.5 %, wait <= 0.5 s
 INTERVALS = [
@@ -51,3 +51,39 @@ POINTS: list[tuple[str, int, int | None, int, int, bool]] = [
 )
 def test_agrees(case: str, step: int, every: int | None, saved: int, next_step: int, agree: bool) -> None:
     assert agrees(step, next_step, every_steps=every, last_saved_step=saved) is agree
+
+
+# (case, safe points as (step, time s), the step length the rank agrees on)
+CLOCKS = [
+    ("one safe point a step", [(1, 0.0), (2, 0.05), (3, 0.10), (4, 0.15)], 0.05),
+    # zero-code: the loader's next() and the optimizer's step are both safe points of a step;
+    # counted per safe point, the 1 ms between them would pass for the step (the CI failure)
+    (
+        "two safe points a step",
+        [(1, 0.0), (1, 0.049), (2, 0.05), (2, 0.099), (3, 0.10), (3, 0.149), (4, 0.15)],
+        0.05,
+    ),
+    ("a pause is one long step of many", [(1, 0.0), (2, 0.05), (3, 5.0), (4, 5.05), (5, 5.1)], 0.05),
+    ("steps skipped between safe points are shared out", [(1, 0.0), (5, 0.2), (6, 0.25)], 0.05),
+    ("no step yet", [(7, 0.0), (7, 0.3)], None),
+]
+
+
+@pytest.mark.parametrize(("case", "points", "step"), CLOCKS, ids=[r[0] for r in CLOCKS])
+def test_step_clock(case: str, points: list[tuple[int, float]], step: float | None) -> None:
+    clock = StepClock()
+    for s, t in points:
+        clock.tick(s, t)
+    assert clock.take() == pytest.approx(step)
+    assert clock.take() is None  # taken: the next agreement measures afresh
+
+
+def test_step_clock_leaves_out_agreements_and_saves() -> None:
+    clock = StepClock()
+    clock.tick(1, 0.0)
+    clock.restart(1, 2.0)  # an agreement of 2 s at step 1
+    clock.tick(2, 2.05)
+    clock.forget()  # a save at step 2
+    clock.tick(2, 9.0)
+    clock.tick(3, 9.05)
+    assert clock.take() == pytest.approx(0.05)

@@ -22,6 +22,8 @@ its settings), so no rank ever waits in an agreement that another skips.
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from dataclasses import dataclass
 
 from ferry.knobs import AGREE_LATENCY_SECONDS, AGREE_OVERHEAD
@@ -36,8 +38,8 @@ class Pace:
     """Seconds one agreement takes (None: not measured yet)."""
     step: float | None = None
     """Seconds one training step takes: each rank's median step since the last agreement
-    (agreements, saves and pauses between steps left out), the least of the ranks' (None:
-    not yet)."""
+    (``StepClock``: agreements, saves and pauses between steps left out), the least of the
+    ranks' (None: not yet)."""
 
 
 def interval(pace: Pace, *, overhead: float = AGREE_OVERHEAD, latency: float = AGREE_LATENCY_SECONDS) -> int:
@@ -54,3 +56,44 @@ def interval(pace: Pace, *, overhead: float = AGREE_OVERHEAD, latency: float = A
 def agrees(step: int, next_agreement: int, *, every_steps: int | None, last_saved_step: int) -> bool:
     """Do the ranks agree at this safe point? Plain values: the session asks at every step."""
     return step >= next_agreement or due_at(step, every_steps=every_steps, last_saved_step=last_saved_step)
+
+
+STEP_SAMPLES = 1024
+"""The most step lengths a rank keeps between two agreements (the latest ones)."""
+
+
+class StepClock:
+    """A rank's step lengths since the last agreement, for the step time it agrees on.
+
+    A step runs from the first safe point of one step to the first safe point of a later
+    one (a step may pass several safe points: a loader's ``next()`` and an optimizer's
+    step), per step. The median of these is the rank's step time, so that a pause between
+    two steps (an evaluation, a hold) does not pass for slow steps, which would make the
+    ranks agree more often than their cost allows; what is not a step (an agreement, a
+    save) is left out by starting again after it (``restart``, ``forget``)."""
+
+    def __init__(self) -> None:
+        self._lengths: deque[float] = deque(maxlen=STEP_SAMPLES)
+        self._mark: tuple[float, int] | None = None
+
+    def tick(self, step: int, now: float) -> None:
+        """A safe point of ``step`` at ``now`` (seconds)."""
+        if self._mark is None:
+            self._mark = (now, step)
+        elif step > self._mark[1]:
+            self._lengths.append((now - self._mark[0]) / (step - self._mark[1]))
+            self._mark = (now, step)
+
+    def take(self) -> float | None:
+        """The median step length since the last take (None: no step yet); starts afresh."""
+        median = statistics.median(self._lengths) if self._lengths else None
+        self._lengths.clear()
+        return median
+
+    def restart(self, step: int, now: float) -> None:
+        """Count the next step from ``now``, as of ``step`` (after an agreement)."""
+        self._mark = (now, step)
+
+    def forget(self) -> None:
+        """Count from the next safe point on (after a save)."""
+        self._mark = None

@@ -27,9 +27,6 @@ from ferry.session import agreement
 from ferry.session.policy import SafePoint, Wish
 from ferry.state.training import TrainingState
 
-STEP_SAMPLES = 1024
-"""The most step lengths a rank keeps between two agreements (the latest ones)."""
-
 OnCommit = Callable[[CheckpointInfo], None]
 OnError = Callable[[int, Exception], None]
 
@@ -184,12 +181,7 @@ class RankedCheckpointer:
         self._teardown = WaitBeforeTeardown(self.wait)
         self._next = 0  # the step of the next agreement
         self._costs: deque[int] = deque(maxlen=8)  # this rank's last agreements, ns
-        # The lengths of the steps since the last agreement (s), from one safe point to the
-        # next: their median is the step time the ranks agree on, so that a pause between
-        # two steps (an evaluation, a save) does not pass for slow steps, which would make
-        # the ranks agree more often than their cost allows.
-        self._steps: deque[float] = deque(maxlen=STEP_SAMPLES)
-        self._last_point: float | None = None
+        self._clock = agreement.StepClock()  # the step time this rank agrees on
         self._token = 0  # the last agreement's: names the save it decided
         self._shard_group: Any = None
 
@@ -202,26 +194,23 @@ class RankedCheckpointer:
 
     def listens(self, step: int, *, every_steps: int | None, last_saved_step: int) -> bool:
         """Only where the ranks agree (``agreement``); elsewhere nothing happens, at no cost
-        (the step's length is noted)."""
-        now = time.perf_counter()
-        if self._last_point is not None:
-            self._steps.append(now - self._last_point)
-        self._last_point = now
+        (the step's length is noted: ``agreement.StepClock``)."""
+        self._clock.tick(step, time.perf_counter())
         return agreement.agrees(step, self._next, every_steps=every_steps, last_saved_step=last_saved_step)
 
     def agree(self, point: SafePoint, wish: Wish) -> Wish:
         """Whichever rank was asked, every rank saves (or stops at) the same step: the next
         at which the ranks agree."""
         start = time.perf_counter()
-        step_ns = int(statistics.median(self._steps) * 1e9) if self._steps else UNKNOWN_NS
-        self._steps.clear()
+        step = self._clock.take()
+        step_ns = UNKNOWN_NS if step is None else int(step * 1e9)
         cost_ns = int(statistics.fmean(self._costs)) if self._costs else UNKNOWN_NS
         mine = Vote(wish.stop, wish.save, cost_ns, step_ns)
         agreed = self.group.agree(mine)
         end = time.perf_counter()
         self._costs.append(int((end - start) * 1e9))
         self._token = agreed.token
-        self._last_point = end  # the agreement's time is no step's
+        self._clock.restart(point.step, end)  # the agreement's time is no step's
         pace = agreement.Pace(
             cost=None if agreed.cost_ns >= UNKNOWN_NS else agreed.cost_ns / 1e9,
             step=None if agreed.step_ns >= UNKNOWN_NS else agreed.step_ns / 1e9,
@@ -245,7 +234,7 @@ class RankedCheckpointer:
     ) -> CheckpointInfo | None:
         """Every rank at the same step, right after the agreement that decided it."""
         self.saver.wait()  # before staging: host memory holds one save's state at a time
-        self._last_point = None  # the save's time is no step's
+        self._clock.forget()  # the save's time is no step's
         shards, _ = sharded.split(objects)
         staged = None
         if shards:
