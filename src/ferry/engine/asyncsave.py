@@ -77,6 +77,24 @@ class InflightSaves:
         self._buffer = HostBuffer()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=thread_name)
         self._inflight: SaveHandle | None = None
+        self._lock = threading.Lock()
+        """Guards ``_inflight`` where saves may come from more than one thread."""
+
+    def _start(self, work: Callable[[], CheckpointInfo], step: int, reported: threading.Event) -> SaveHandle:
+        """Run ``work`` on the persisting thread: the save in flight from now on."""
+        handle = SaveHandle(self._pool.submit(work), step, reported)
+        self._inflight = handle
+        return handle
+
+    def _settle(self, handle: SaveHandle) -> None:
+        """A blocking save: wait for ``handle`` and raise its error. Its caller then has the
+        outcome, so the next save must not raise it again: it is no longer in flight."""
+        try:
+            handle.wait()
+        finally:
+            with self._lock:
+                if self._inflight is handle:
+                    self._inflight = None
 
     def wait(self) -> CheckpointInfo | None:
         """Wait for the save in flight, if any; raises its error (unless ``on_error`` had it)."""
@@ -114,7 +132,6 @@ class AsyncSaver(InflightSaves):
         self.on_commit = on_commit
         self.on_error = on_error
         super().__init__("ferry-persist")
-        self._lock = threading.Lock()
 
     def save(self, state: Any, *, step: int, meta: dict[str, Any] | None = None,
              extra_files: dict[str, bytes] | None = None, blocking: bool = False,
@@ -158,15 +175,9 @@ class AsyncSaver(InflightSaves):
                     self.on_commit(info)
                 return info
 
-            handle = SaveHandle(self._pool.submit(work), step, reported)
-            self._inflight = handle
+            handle = self._start(work, step, reported)
         if blocking:
-            try:
-                handle.wait()
-            finally:  # its caller has the outcome: the next save must not raise it again
-                with self._lock:
-                    if self._inflight is handle:
-                        self._inflight = None
+            self._settle(handle)
         return handle
 
 

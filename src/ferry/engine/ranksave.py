@@ -154,13 +154,9 @@ class RankSaver(InflightSaves):
                 self.on_commit(info)
             return info
 
-        handle = SaveHandle(self._pool.submit(work), step, reported)
-        self._inflight = handle
+        handle = self._start(work, step, reported)
         if blocking:
-            try:
-                handle.wait()
-            finally:  # its caller has the outcome: the next save must not raise it again
-                self._inflight = None
+            self._settle(handle)
         return handle
 
     # ------------------------------------------------------------------ background
