@@ -28,7 +28,7 @@ from ferry.engine import list_checkpoints, load
 from ferry.engine.ranks import rank_part
 from ferry.storage import open_storage
 
-from trainrun import SCRIPTS, env_for, wait_for
+from trainrun import SCRIPTS, env_for, pid_of_rank, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -113,7 +113,9 @@ def test_torchrun_async_saves_survive_a_killed_rank_and_stop_together(tmp_path: 
                   "--pause-at", "14", "--release", str(release))  # fmt: skip
     wait_for("rank 0 to stall in its part of step 12", lambda: Path(f"{hold}.held").exists(), stopped.proc)
     wait_for("both ranks at step 14", lambda: stopped.logged(0, 14) and stopped.logged(1, 14), stopped.proc)
-    os.kill(_pid_of_rank(1), signal.SIGUSR1)
+    rank1 = pid_of_rank(SCRIPT, 1, stopped.out)
+    assert rank1 is not None, "no process of rank 1"
+    os.kill(rank1, signal.SIGUSR1)
     release.touch()
     wait_for("the ranks to agree on the stop", lambda: stopped.said("ferry: stopping at step"), stopped.proc)
     assert steps_listed(tmp_path / "ck") == [4, 8]  # step 12 is still being written
@@ -142,17 +144,3 @@ def test_torchrun_async_saves_survive_a_killed_rank_and_stop_together(tmp_path: 
                 assert want[int(step)] == got, (run, rank, line)
         resumed = (tmp_path / "b" / f"rank{rank}.log").read_text().splitlines()
         assert resumed[0].startswith("5 ") and resumed[-1].startswith(f"{stop_step} ")
-
-
-def _pid_of_rank(rank: int) -> int:
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes()
-            env = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if SCRIPT.encode() in cmd and f"RANK={rank}".encode() in env and f"LOCAL_RANK={rank}".encode() in env:
-            return int(entry.name)
-    raise AssertionError(f"no process of rank {rank}")

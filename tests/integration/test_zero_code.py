@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trainrun import SCRIPTS, env_for, run
+from trainrun import SCRIPTS, env_for, pid_of_rank, run
 from trainrun import job_status as status
 
 pytestmark = pytest.mark.integration
@@ -166,7 +166,7 @@ def stop_rank_one_after_13_steps(cmd: list[str], env: dict[str, str], out: Path,
     try:
         while time.monotonic() < deadline and first.poll() is None:
             if log.exists() and log.read_text().count("\n") >= 13:
-                pid = _pid_of_rank(script, 1, out)
+                pid = pid_of_rank(script, 1, out)
                 assert pid is not None
                 os.kill(pid, signal.SIGUSR1)
                 break
@@ -175,23 +175,6 @@ def stop_rank_one_after_13_steps(cmd: list[str], env: dict[str, str], out: Path,
         release.touch()
     _, err = first.communicate(timeout=240)
     assert first.returncode == 85, err[-3000:]
-
-
-def _pid_of_rank(script: str, rank: int, out: Path) -> int | None:
-    """The pid of rank ``rank`` of this test's run of ``script`` (writing to ``out``): other
-    tests run the same script meanwhile (the torchrun soak), and must not get the signal."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes()
-            env = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        ours = script.encode() in cmd and str(out).encode() in cmd
-        if ours and f"RANK={rank}".encode() in env and f"LOCAL_RANK={rank}".encode() in env:
-            return int(entry.name)
-    return None
 
 
 def test_torchrun_two_ranks_signal_one_rank_then_resume_on_two_and_one(tmp_path: Path) -> None:
@@ -339,7 +322,7 @@ def test_killed_torchrun_agent_leaves_no_rank_behind(tmp_path: Path) -> None:
     deadline = time.monotonic() + 120
     while not (log.exists() and log.read_text().count("\n") >= 3) and time.monotonic() < deadline:
         time.sleep(0.05)
-    ranks = [_pid_of_rank(script, r, tmp_path / "run") for r in (0, 1)]
+    ranks = [pid_of_rank(script, r, tmp_path / "run") for r in (0, 1)]
     assert None not in ranks
     agent = int(status(job)["worker_pid"])
     os.kill(agent, signal.SIGKILL)

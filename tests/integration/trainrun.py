@@ -94,3 +94,21 @@ def stderr_of(proc: subprocess.Popen[str]) -> str:
         return proc.communicate(timeout=30)[1] or ""
     except subprocess.TimeoutExpired:
         return "(its output pipes are held open by a process that outlived it)"
+
+
+def pid_of_rank(script: str, rank: int, out: Path) -> int | None:
+    """The pid of rank ``rank`` (torchrun's ``RANK``/``LOCAL_RANK``) of the run of ``script``
+    that writes to ``out``: other tests run the same script meanwhile (the torchrun soak), and
+    must not get what a test sends its own run."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes()
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ours = script.encode() in cmd and str(out).encode() in cmd
+        if ours and f"RANK={rank}".encode() in env and f"LOCAL_RANK={rank}".encode() in env:
+            return int(entry.name)
+    return None
