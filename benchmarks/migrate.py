@@ -98,56 +98,6 @@ def training(env: dict[str, str], job: str) -> bool:
     return doc.get("state") in ("running", "resumed") and int(doc.get("step") or 0) >= 3
 
 
-def measure(root: str, size_mb: int, rounds: int) -> dict[str, Any]:
-    job = f"bench-{size_mb}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FERRY_")}
-    env.update(FERRY_HOME=os.path.join(root, "home"), PYTHONWARNINGS="ignore")
-    argv = [*FERRY, "run", "--no-autotrack", "--job-id", job, "--dir", os.path.join(root, f"ck-{size_mb}"),
-            "--restarts", str(4 * rounds + 1), "--keep-last", "2", "--env", "CUDA_VISIBLE_DEVICES=0",
-            "--", sys.executable, os.path.abspath(__file__), "--child", str(size_mb)]  # fmt: skip
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    warm: list[dict[str, Any]] = []
-    cold: list[dict[str, Any]] = []
-    try:
-        deadline = time.monotonic() + 600
-        while not training(env, job):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                said = proc.stderr.read() if proc.stderr else ""
-                raise RuntimeError(f"the job did not start training:\n{said}")
-            time.sleep(0.2)
-        for _ in range(rounds):
-            for to, kind in (("1", "warm"), ("0", "cold"), ("1", "cold"), ("0", "warm")):
-                extra = ["--cold"] if kind == "cold" else []
-                doc = ferry(env, "migrate", job, "--to", to, "--unchecked-devices", "--json", *extra)
-                if doc["warm"] != (kind == "warm"):
-                    raise RuntimeError(f"a {kind} migration went {'warm' if doc['warm'] else 'cold'}: {doc}")
-                (warm if kind == "warm" else cold).append(doc)
-                print(f"  {size_mb} MiB {kind}: downtime {doc['downtime']:.3f} s", file=sys.stderr)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(300)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    med = statistics.median
-    warm_keys, cold_keys = ("drain", "handover", "save", "restore", "first_step"), (
-        "drain", "save", "restart", "restore", "first_step")  # fmt: skip
-    ratio = [d["downtime"] / (d["drain"] + d["save"] + d["restore"]) for d in warm]
-    cold_down = [d["downtime"] + (d["first_step"] or 0.0) for d in cold]
-    return {
-        "size_mb": size_mb,
-        "migrations": {"warm": len(warm), "cold": len(cold)},
-        "warm_downtime": med(d["downtime"] for d in warm),
-        "warm_parts": {k: med(d[k] or 0.0 for d in warm) for k in warm_keys},
-        "warm_startup_hidden": med(d["warm_startup"] for d in warm),
-        "warm_vs_drain_save_restore": med(ratio),
-        "cold_downtime": med(cold_down),
-        "cold_parts": {k: med(d[k] or 0.0 for d in cold) for k in cold_keys},
-        "warm_vs_cold": med(d["downtime"] for d in warm) / med(cold_down),
-    }  # fmt: skip
-
-
-# ---------------------------------------------------------------------- moves between nodes
 class Started:
     """A ``ferry run`` or ``ferry resume`` in the background, its stderr collected by a thread."""
 
@@ -183,6 +133,47 @@ def wait_for(what: str, ready: Any, started: Started, timeout: float = 600) -> N
         time.sleep(0.1)
 
 
+def measure(root: str, size_mb: int, rounds: int) -> dict[str, Any]:
+    job = f"bench-{size_mb}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FERRY_")}
+    env.update(FERRY_HOME=os.path.join(root, "home"), PYTHONWARNINGS="ignore")
+    argv = [*FERRY, "run", "--no-autotrack", "--job-id", job, "--dir", os.path.join(root, f"ck-{size_mb}"),
+            "--restarts", str(4 * rounds + 1), "--keep-last", "2", "--env", "CUDA_VISIBLE_DEVICES=0",
+            "--", sys.executable, os.path.abspath(__file__), "--child", str(size_mb)]  # fmt: skip
+    started = Started(argv, env)
+    warm: list[dict[str, Any]] = []
+    cold: list[dict[str, Any]] = []
+    try:
+        wait_for("the job's start", lambda: training(env, job), started)
+        for _ in range(rounds):
+            for to, kind in (("1", "warm"), ("0", "cold"), ("1", "cold"), ("0", "warm")):
+                extra = ["--cold"] if kind == "cold" else []
+                doc = ferry(env, "migrate", job, "--to", to, "--unchecked-devices", "--json", *extra)
+                if doc["warm"] != (kind == "warm"):
+                    raise RuntimeError(f"a {kind} migration went {'warm' if doc['warm'] else 'cold'}: {doc}")
+                (warm if kind == "warm" else cold).append(doc)
+                print(f"  {size_mb} MiB {kind}: downtime {doc['downtime']:.3f} s", file=sys.stderr)
+    finally:
+        started.stop()
+    med = statistics.median
+    warm_keys, cold_keys = ("drain", "handover", "save", "restore", "first_step"), (
+        "drain", "save", "restart", "restore", "first_step")  # fmt: skip
+    ratio = [d["downtime"] / (d["drain"] + d["save"] + d["restore"]) for d in warm]
+    cold_down = [d["downtime"] + (d["first_step"] or 0.0) for d in cold]
+    return {
+        "size_mb": size_mb,
+        "migrations": {"warm": len(warm), "cold": len(cold)},
+        "warm_downtime": med(d["downtime"] for d in warm),
+        "warm_parts": {k: med(d[k] or 0.0 for d in warm) for k in warm_keys},
+        "warm_startup_hidden": med(d["warm_startup"] for d in warm),
+        "warm_vs_drain_save_restore": med(ratio),
+        "cold_downtime": med(cold_down),
+        "cold_parts": {k: med(d[k] or 0.0 for d in cold) for k in cold_keys},
+        "warm_vs_cold": med(d["downtime"] for d in warm) / med(cold_down),
+    }  # fmt: skip
+
+
+# ---------------------------------------------------------------------- moves between nodes
 def events(env: dict[str, str], job: str) -> list[dict[str, Any]]:
     path = os.path.join(env["FERRY_HOME"], "jobs", job, "events.jsonl")
     try:
