@@ -16,7 +16,7 @@ import platform
 import shlex
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypedDict
 
 from ferry.autotrack import BOOT_DIR
@@ -26,6 +26,7 @@ from ferry.ops import devices, warmmove
 from ferry.ops.jobs import JobRecord, command_of, process_env, require_alive, send, wait_answer
 from ferry.ops.warmcheck import cold_reason
 from ferry.progress import Meter
+from ferry.runtime.jobfiles import Event, Response
 from ferry.storage import FileRecord, Storage, Transaction, open_storage
 from ferry.storage.atomic import MANIFEST
 from ferry.supervisor.options import SUPERVISOR_OWNED, check_command
@@ -173,12 +174,33 @@ def migrate(
         f"job {record.id}: checkpointing at its next safe point (devices {current or 'all'} -> {target})"
     )
     answer = wait_answer(record, rid, timeout, progress, meter)
+    then = f"restarting on {target}"
+    moved, _, _ = _committed(record, current, target, answer, t0, then, timeout, progress)
+    return replace(moved, cold_reason=reason)
+
+
+def _committed(
+    record: JobRecord,
+    current: str | None,
+    target: str,
+    answer: Response,
+    t0: float,
+    then: str,
+    timeout: float,
+    progress: Progress,
+) -> tuple[Migration, Event, float]:
+    """A move once the old worker answered (``answer``: its checkpoint committed) the
+    request sent at ``t0``: says so and ``then``, waits for the new worker's resume and
+    first steps, and returns the move as a cold restart counts it, the new worker's
+    ``restart`` event, and the seconds from the commit to the new worker's restore (the
+    ``restart`` part before it is clamped at 0)."""
     step, url, save = int(answer["step"]), str(answer["url"]), float(answer.get("seconds", 0))
     committed = float(answer.get("time", time.time()))
-    progress(f"job {record.id}: checkpoint of step {step} committed ({save:.2f} s); restarting on {target}")
+    progress(f"job {record.id}: checkpoint of step {step} committed ({save:.2f} s); {then}")
     restart, resume, first = warmmove.taken_over(record, t0, step, timeout)
     restore = float(resume.get("seconds", 0))
-    return Migration(
+    gap = resume["time"] - restore - committed
+    moved = Migration(
         job=record.id,
         source=current,
         target=target,
@@ -187,11 +209,11 @@ def migrate(
         pid=int(restart.get("pid") or 0),
         drain=max(0.0, committed - save - t0),
         save=save,
-        restart=max(0.0, resume["time"] - restore - committed),
+        restart=max(0.0, gap),
         restore=restore,
         first_step=warmmove.first_step(first),
-        cold_reason=reason,
     )
+    return moved, restart, gap
 
 
 def _migrate_warm(
@@ -204,31 +226,17 @@ def _migrate_warm(
 ) -> Migration:
     pid, startup, _ = warmmove.start_warm(record, target, timeout, progress)
     answer, t0 = warmmove.hand_over(record, target, timeout, progress, meter)
-    step, url, save = int(answer["step"]), str(answer["url"]), float(answer.get("seconds", 0))
-    committed = float(answer.get("time", time.time()))
-    progress(
-        f"job {record.id}: checkpoint of step {step} committed ({save:.2f} s); handing over to pid {pid}"
-    )
-    restart, resume, first = warmmove.taken_over(record, t0, step, timeout)
-    restore = float(resume.get("seconds", 0))
-    save_start = committed - save
-    went_warm = bool(restart.get("warm")) and restart.get("pid") == pid
-    return Migration(
-        job=record.id,
-        source=current,
-        target=target,
-        step=step,
-        url=url,
-        pid=int(restart.get("pid") or 0),
-        drain=max(0.0, save_start - t0),
-        save=save,
-        restart=0.0 if went_warm else max(0.0, resume["time"] - restore - committed),
-        restore=restore,
-        first_step=warmmove.first_step(first),
-        warm=went_warm,
-        handover=max(0.0, resume["time"] - restore - save_start) if went_warm else 0.0,
+    then = f"handing over to pid {pid}"
+    moved, restart, gap = _committed(record, current, target, answer, t0, then, timeout, progress)
+    if not (restart.get("warm") and restart.get("pid") == pid):
+        why = "the warm worker was gone at the hand-over: the worker restarted"
+        return replace(moved, warm_startup=startup, cold_reason=why)
+    return replace(
+        moved,
+        restart=0.0,
+        warm=True,
+        handover=max(0.0, moved.save + gap),  # from the start of the save to the restore
         warm_startup=startup,
-        cold_reason=None if went_warm else "the warm worker was gone at the hand-over: the worker restarted",
     )
 
 
