@@ -177,6 +177,8 @@ EVENTS: list[dict[str, Any]] = [
     {"time": 5.0, "event": "checkpoint_failed", "step": 11, "error": "disk full"},
     {"time": 6.0, "event": "remote_copy", "step": 10, "url": "s3://b/ck", "retried": 1},
     {"time": 6.5, "event": "remote_copy_failed", "step": 10, "name": "step-1", "retried": 3, "error": "x"},
+    {"time": 6.2, "event": "remote_retry", "step": 10, "error": "copying data-0.bin: refused"},
+    {"time": 6.7, "event": "remote_copy_skipped", "step": 10, "name": "step-1", "reason": "step-2 is newer"},
     {"time": 7.0, "event": "signal", "signal": "SIGTERM", "action": "stop"},
     {"time": 8.0, "event": "grace_kill", "signal": "SIGTERM", "grace_seconds": 30.0},
     {"time": 9.0, "event": "stop", "step": 12, "url": "file:///ck/b", "exit_code": 85},

@@ -220,6 +220,10 @@ class S3Remote:
         self.relay.down()
         self._up_at = max(self._up_at or now, now + seconds)
 
+    @property
+    def is_down(self) -> bool:
+        return self._up_at is not None
+
     def tick(self) -> None:
         """Bring the relay back once the outage is over; call it often."""
         if self._up_at is not None and time.monotonic() >= self._up_at:

@@ -245,11 +245,8 @@ class Soak:
         self.summary.worker_starts += counts["worker_start"]
         self.summary.remote_copies += counts["remote_copy"]
         self.summary.remote_copy_failures += counts["remote_copy_failed"]
-        self.summary.remote_retries += sum(
-            int(e.get("retried", 0))
-            for e in events
-            if e.get("event") in ("remote_copy", "remote_copy_failed")
-        )
+        self.summary.remote_copies_skipped += counts["remote_copy_skipped"]
+        self.summary.remote_retries += counts["remote_retry"]
 
     def _remote_prefix(self) -> str:
         return f"{self.job_id}/round-{self.summary.rounds}"
@@ -349,14 +346,24 @@ class Soak:
         elif kind == "disk-full":
             self._disk_full(job, sup)
         elif kind == "remote-down":
-            if self.remote is None:
-                raise bug("a remote-down fault without a remote")
-            seconds = self.rng.uniform(*self.options.outage)
-            self.remote.outage(seconds)  # back up from _inject_while, while training goes on
-            # and a checkpoint now, whose copy meets the outage (not only a periodic one's, if
-            # one happens to fall into it)
-            control.submit(job, "checkpoint")
+            self._remote_down(job, sup)
         return False
+
+    def _remote_down(self, job: JobDir, sup: subprocess.Popen[bytes]) -> None:
+        """Cut the remote, ask for a checkpoint whose copy meets the outage (not only a
+        periodic one's, if one happens to fall into it), and wait until a copy's try failed
+        (its ``remote_retry`` is in the events), the outage ended or the job went away.
+        The rest of the outage runs on while other faults land (``_inject_while``)."""
+        if self.remote is None:
+            raise bug("a remote-down fault without a remote")
+        self.remote.outage(self.rng.uniform(*self.options.outage))
+        seen = len(job.events())
+        control.submit(job, "checkpoint")
+        while self.remote.is_down and sup.poll() is None:
+            if any(e.get("event") == "remote_retry" for e in job.events()[seen:]):
+                return
+            time.sleep(PROCESS_POLL_SECONDS)
+            self.remote.tick()
 
     def _disk_full(self, job: JobDir, sup: subprocess.Popen[bytes]) -> None:
         """Fill the checkpoint filesystem, ask for a checkpoint, free it once the save was

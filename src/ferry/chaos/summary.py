@@ -27,8 +27,10 @@ class Summary:
     remote_outage_seconds: float = 0.0
     remote_copies: int = 0
     remote_copy_failures: int = 0
+    remote_copies_skipped: int = 0
+    """Copies that had not started when a newer checkpoint's copy was asked for."""
     remote_retries: int = 0
-    """Tries during those copies that failed and were retried."""
+    """Tries of copies that failed and were retried (also of copies a kill cut short)."""
     remote_verified: int = 0
     """Checkpoints the remote listed as committed at the end of each round, all read back
     and checked against their manifests (one that fails is a difference)."""
@@ -60,6 +62,7 @@ class Summary:
                 ("remote down in all (seconds)", f"{self.remote_outage_seconds:.1f}"),
                 ("copies to the remote committed", str(self.remote_copies)),
                 ("copies to the remote failed", str(self.remote_copy_failures)),
+                ("copies skipped for a newer checkpoint", str(self.remote_copies_skipped)),
                 ("  tries retried during copies", str(self.remote_retries)),
                 ("remote checkpoints verified", str(self.remote_verified)),
             ]

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import re
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ferry.errors import NoCheckpointError
@@ -10,6 +14,32 @@ from ferry.storage import Storage, open_storage, strategy_for
 from ferry.storage.atomic import MANIFEST
 
 _NAME = re.compile(r"^step-(\d{12})(?:\.(\d+))?$")
+
+_held: Counter[str] = Counter()
+"""Checkpoint URLs this process reads now (a copy to the remote), by holder count."""
+_held_lock = threading.Lock()
+
+
+@contextmanager
+def held(storage: Storage, name: str) -> Iterator[None]:
+    """Keep checkpoint ``name`` out of this process's retention while the block reads it:
+    a copy to a slow remote must not lose its source to newer saves. The next retention
+    after the block removes it, if it is still beyond ``keep_last``."""
+    url = storage.child_url(name)
+    with _held_lock:
+        _held[url] += 1
+    try:
+        yield
+    finally:
+        with _held_lock:
+            _held[url] -= 1
+            if not _held[url]:
+                del _held[url]
+
+
+def _is_held(storage: Storage, name: str) -> bool:
+    with _held_lock:
+        return storage.child_url(name) in _held
 
 
 @dataclass(frozen=True, order=True)
@@ -49,11 +79,14 @@ def split_url(url: str) -> tuple[Storage, str | None]:
 def apply_retention(storage: Storage, keep_last: int, keep_every: int | None = None) -> list[str]:
     """Delete committed checkpoints beyond the newest ``keep_last`` (those whose step is a
     multiple of ``keep_every`` are kept), and staging folders of saves that died.
+    Checkpoints ``held`` by this process (a copy in flight) are kept until it ends.
     Single writer: call only from the process that saves. Returns what was removed."""
     strategy = strategy_for(storage)
     refs = list_checkpoints(storage)
     doomed = [
-        r.name for r in refs[: max(len(refs) - keep_last, 0)] if not (keep_every and r.step % keep_every == 0)
+        r.name
+        for r in refs[: max(len(refs) - keep_last, 0)]
+        if not (keep_every and r.step % keep_every == 0) and not _is_held(storage, r.name)
     ]
     committed = {r.name for r in refs}
     for name in storage.listdir():

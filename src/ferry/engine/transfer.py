@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
-from ferry.engine.catalog import apply_retention, list_checkpoints
+from ferry.engine.catalog import apply_retention, held, list_checkpoints
 from ferry.engine.manifest import FileEntry, decode_manifest
 from ferry.errors import ConfigError, StorageError
 from ferry.knobs import backoff_delay
@@ -49,6 +49,27 @@ MODES = ("background", "sync")
 
 class TransferError(StorageError):
     """A copy to or from the remote failed after its retries; the source is untouched."""
+
+
+class SourceGone(TransferError):
+    """The checkpoint to copy is no longer committed where it was (removed meanwhile): no
+    retry brings it back."""
+
+
+class Superseded(TransferError):
+    """A copy that had not started yet when a newer checkpoint's copy was asked for: the
+    remote gets the newer one instead."""
+
+
+def _manifest_of(src: Storage, name: str) -> bytes:
+    """The manifest of the committed checkpoint ``name`` under ``src``."""
+    try:
+        committed = strategy_for(src).is_committed(src, name)
+    except FileNotFoundError:
+        committed = False
+    if not committed:
+        raise SourceGone(f"{src.child_url(name)} is no longer a committed checkpoint (removed meanwhile)")
+    return src.read_bytes(f"{name}/{MANIFEST}")
 
 
 @dataclass(kw_only=True)
@@ -82,15 +103,19 @@ class TransferPolicy:
             raise ConfigError(f"keep_last must be >= 1 on the remote too, got {self.keep_last}")
 
 
-def retry(what: str, fn: Callable[[], T], policy: TransferPolicy, failed: list[str] | None = None) -> T:
+Retried = Callable[[str], None]
+"""Told of each failed try that is retried, as it fails: what failed, and why."""
+
+
+def retry(what: str, fn: Callable[[], T], policy: TransferPolicy, failed: Retried | None = None) -> T:
     """``fn()``, tried ``1 + policy.retries`` times with exponential backoff; each failed
-    try that is retried is appended to ``failed``."""
+    try that is retried is told to ``failed``. A source that is gone is not retried."""
     attempts = policy.retries + 1
     for attempt in range(1, attempts + 1):
         try:
             return fn()
         except Exception as exc:
-            if attempt == attempts:
+            if attempt == attempts or isinstance(exc, SourceGone):
                 raise TransferError(f"{what} failed {attempts} times, the last with: {exc}") from exc
             delay = backoff_delay(policy.backoff_seconds, attempt, policy.backoff_cap_seconds)
             log.warning(
@@ -102,7 +127,7 @@ def retry(what: str, fn: Callable[[], T], policy: TransferPolicy, failed: list[s
                 delay,
             )
             if failed is not None:
-                failed.append(f"{what}: {exc}")
+                failed(f"{what}: {exc}")
             time.sleep(delay)
     raise AssertionError("unreachable")
 
@@ -112,19 +137,17 @@ def copy_checkpoint(
     name: str,
     dst: Storage,
     policy: TransferPolicy,
-    failed: list[str] | None = None,
+    failed: Retried | None = None,
     meter: Meter | None = None,
 ) -> str:
     """Copy the committed checkpoint ``name`` from root ``src`` to root ``dst`` as one commit
     transaction there: data, manifest, commit, each step retried (the tries retried are
-    appended to ``failed``). Returns its URL under ``dst``. Idempotent. ``meter`` follows
+    told to ``failed``). Returns its URL under ``dst``. Idempotent. ``meter`` follows
     the bytes read (a retried file counts again)."""
     target = dst.child_url(name)
     if retry(f"looking for {target}", lambda: strategy_for(dst).is_committed(dst, name), policy, failed):
         return target
-    raw = retry(
-        f"reading {src.child_url(name)}", lambda: src.read_bytes(f"{name}/{MANIFEST}"), policy, failed
-    )
+    raw = retry(f"reading {src.child_url(name)}", partial(_manifest_of, src, name), policy, failed)
     files = decode_manifest(raw, src.child_url(name))["files"]
     if meter is not None:
         meter.start(f"copying {name}", sum(meta["size"] for meta in files.values()))
@@ -142,7 +165,7 @@ def _copy_files(
     dst: Storage,
     files: dict[str, FileEntry],
     policy: TransferPolicy,
-    failed: list[str] | None,
+    failed: Retried | None,
     meter: Meter | None,
     raw: bytes,
 ) -> None:
@@ -156,7 +179,7 @@ def _copy_files(
             retry(f"copying {rel} to {target}", copy, policy, failed)
         # Before the commit: every file is there, whole. A remote that lost some of them while
         # it was down (a restarted server) must not get a commit over a partial checkpoint.
-        missing = txn.missing()
+        missing = retry(f"checking the files copied to {target}", txn.missing, policy, failed)
         if missing:
             raise TransferError(
                 f"{target}: {', '.join(missing)} went missing on the remote during the copy; not "
@@ -188,7 +211,8 @@ class TransferHandle:
 
     def on_done(self, fn: Callable[[BaseException | None, str | None], None]) -> None:
         """Call ``fn(error, url)`` once the copy ended (now, when it already has), from the
-        thread that ended it; ``failed`` then holds every try that was retried."""
+        thread that ended it; ``failed`` then holds every try that was retried. A copy
+        skipped for a newer one ends with ``Superseded``."""
 
         def call(future: Future[str]) -> None:
             if future.cancelled():
@@ -202,7 +226,12 @@ class TransferHandle:
 
 
 class Transfer:
-    """A local checkpoint root paired with its remote, under one policy."""
+    """A local checkpoint root paired with its remote, under one policy.
+
+    Copies run one at a time, oldest first. When checkpoints are committed faster than the
+    remote takes them, a copy that has not started by the time a newer one is asked for is
+    skipped (``Superseded``): the remote gets the newest, and the queue never grows. The
+    checkpoint being copied is ``held`` against local retention until its copy ends."""
 
     def __init__(self, local: str, policy: TransferPolicy) -> None:
         self.local_url = local
@@ -212,50 +241,66 @@ class Transfer:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ferry-transfer")
         self._pending: list[TransferHandle] = []
         self._lock = threading.Lock()
+        self._newest = ""
+        """The checkpoint of the newest copy asked for."""
 
     # ------------------------------------------------------------------ push
-    def push(self, name: str) -> TransferHandle:
+    def push(self, name: str, on_retry: Retried | None = None) -> TransferHandle:
         """Copy the committed local checkpoint ``name`` to the remote, in the background
-        (``sync`` mode: before returning). Failures are logged and kept in the handle."""
+        (``sync`` mode: before returning). Failures are logged and kept in the handle;
+        ``on_retry`` is told of each failed try that is retried, as it fails."""
         failed: list[str] = []
-        handle = TransferHandle(self._pool.submit(self._push, name, failed), failed)
+
+        def note(what: str) -> None:
+            failed.append(what)
+            if on_retry is not None:
+                on_retry(what)
+
         with self._lock:
+            self._newest = name
+            handle = TransferHandle(self._pool.submit(self._push, name, note), failed)
             self._pending = [h for h in self._pending if not h.done()] + [handle]
         if self.policy.mode == "sync":
             handle.wait()
         return handle
 
-    def _push(self, name: str, failed: list[str]) -> str:
+    def _push(self, name: str, failed: Retried) -> str:
+        with self._lock:
+            newer = self._newest if self._newest != name else None
+        if newer is not None:
+            log.info("ferry: checkpoint %s is not copied to %s: %s is newer", name, self.remote.url, newer)
+            raise Superseded(f"skipped: {newer} was committed before this copy could start")
         started = time.monotonic()
         try:
-            callback = self.policy.callback
-            if callback is not None:
-                src_url, root = self.local.child_url(name), self.remote.url
-                retry(
-                    f"the push callback for {src_url}",
-                    lambda: callback("push", src_url, root),
-                    self.policy,
-                    failed,
-                )
-                url = self.remote.child_url(name)
-            else:
-                url = copy_checkpoint(self.local, name, self.remote, self.policy, failed)
+            with held(self.local, name):
+                url = self._copy(name, failed)
         except Exception as exc:
-            log.error(
-                "ferry: could not copy checkpoint %s to %s: %s. The local copy %s is kept and "
-                "loadable; the remote shows no partial checkpoint. Check that %s is reachable: the "
-                "next checkpoint tries again",
-                name,
-                self.remote.url,
-                exc,
-                self.local.child_url(name),
-                self.remote.url,
-            )
+            log.error("ferry: could not copy checkpoint %s to %s: %s. %s", name, self.remote.url, exc,
+                      self._after_failure(name, exc))  # fmt: skip
             raise
         log.info("ferry: checkpoint %s copied to %s (%.2f s)", name, url, time.monotonic() - started)
         if self.policy.keep_last is not None:
             apply_retention(self.remote, self.policy.keep_last)
         return url
+
+    def _copy(self, name: str, failed: Retried) -> str:
+        callback = self.policy.callback
+        if callback is None:
+            return copy_checkpoint(self.local, name, self.remote, self.policy, failed)
+        src_url, root = self.local.child_url(name), self.remote.url
+        push = partial(callback, "push", src_url, root)
+        retry(f"the push callback for {src_url}", push, self.policy, failed)
+        return self.remote.child_url(name)
+
+    def _after_failure(self, name: str, exc: Exception) -> str:
+        """What a failed copy left behind, as it is now: the next step for the user."""
+        gone = isinstance(exc.__cause__, SourceGone) or isinstance(exc, SourceGone)
+        if gone:
+            return "The next checkpoint's copy goes on"
+        return (
+            f"The local copy {self.local.child_url(name)} is kept; the remote shows no partial "
+            f"checkpoint. Check that {self.remote.url} is reachable: the next checkpoint tries again"
+        )
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for every copy in flight; False when ``timeout`` ran out first."""

@@ -10,7 +10,7 @@ from typing import Protocol
 
 from ferry.config import Config
 from ferry.engine import CheckpointInfo
-from ferry.engine.transfer import Transfer
+from ferry.engine.transfer import Superseded, Transfer
 from ferry.errors import bug
 from ferry.runtime.control import ControlInbox, Request
 from ferry.runtime.grace import slow_save_warning
@@ -105,12 +105,15 @@ class Reporter:
         """Copy a committed checkpoint to the remote; the outcome lands in the job's events."""
         if self.transfer is None:
             raise bug("a push without a transfer")
-        handle = self.transfer.push(name)
+        # Each retry is recorded as it happens: a worker killed mid-copy still leaves them.
+        handle = self.transfer.push(name, lambda what: self.job.event("remote_retry", step=step, error=what))
 
         def record(error: BaseException | None, url: str | None) -> None:
             retried = len(handle.failed)
             if error is None:
                 self.job.event("remote_copy", step=step, url=url, retried=retried)
+            elif isinstance(error, Superseded):
+                self.job.event("remote_copy_skipped", step=step, name=name, reason=str(error))
             else:
                 self.job.event("remote_copy_failed", step=step, name=name, retried=retried, error=str(error))
 

@@ -137,7 +137,8 @@ class Transaction:
 
     def missing(self) -> list[str]:
         """Recorded files that are not (or no longer) whole in the staging folder: a remote
-        that restarted during a copy may have lost some."""
+        that restarted during a copy may have lost some. A remote that cannot be asked
+        (down) raises: that is no answer, not an absence."""
         return [rel for rel, r in self.records.items() if not self._whole(rel, r.size)]
 
     # ---------------------------------------------------------------- commit / abort
@@ -185,8 +186,8 @@ class Transaction:
 
     def _whole(self, rel: str, size: int) -> bool:
         try:
-            return self.storage.exists(self.path(rel)) and self.storage.size(self.path(rel)) == size
-        except Exception:
+            return self.storage.size(self.path(rel)) == size
+        except FileNotFoundError:
             return False
 
     def _sync_folders(self) -> None:
