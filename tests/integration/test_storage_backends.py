@@ -26,6 +26,7 @@ from ferry.engine.snapshot import HostBuffer, byte_view, snapshot
 from ferry.errors import CorruptCheckpointError, FerryError
 from ferry.storage import Storage, open_storage
 from ferry.storage.atomic import MANIFEST, MARKER
+from ferry.storage.sweep import swept
 
 pytestmark = pytest.mark.integration
 
@@ -178,6 +179,7 @@ def test_listing_is_sorted_by_step_and_retention_keeps_what_it_should(backend_ro
     save(small_state(50), backend_root, step=50, keep_last=2, keep_every=20)
     assert steps(backend_root) == [20, 20, 40, 50]
     storage = open_storage(backend_root)
+    swept()  # the retired checkpoints' bytes are deleted in the background
     assert storage.listdir() == [r.name for r in list_checkpoints(storage)], "deleted folders left behind"
 
     removed = apply_retention(storage, keep_last=1)

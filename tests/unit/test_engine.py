@@ -9,8 +9,11 @@ is a fact rather than a race, and one whose writes fail, to follow an error to t
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +25,7 @@ import pytest
 import torch
 
 from ferry.engine import AsyncSaver, apply_retention, list_checkpoints, load, save, verify
-from ferry.engine.format import flatten, unflatten
+from ferry.engine.format import entries_json, flatten, layout, unflatten
 from ferry.errors import (
     ConfigError,
     StorageError,
@@ -30,7 +33,9 @@ from ferry.errors import (
     UnsupportedStateError,
 )
 from ferry.storage import BACKENDS, open_storage
+from ferry.storage.atomic import STAGING_PREFIX
 from ferry.storage.local import LocalStorage, LocalWriter
+from ferry.storage.sweep import swept
 
 # ---------------------------------------------------------------------------- helpers
 
@@ -399,9 +404,48 @@ def test_retention_keep_last_and_keep_every(tmp_path: Path) -> None:
     for step in range(1, 13):
         save({"step": step, "t": torch.full((3,), float(step))}, root, step=step, keep_last=2, keep_every=5)
     assert steps(root) == [5, 10, 11, 12]
+    swept()
     assert sorted(os.listdir(root)) == [f"step-{s:012d}" for s in (5, 10, 11, 12)]
     for s in (5, 10, 11, 12):
         assert load(f"{root}/step-{s:012d}").state["step"] == s
+
+
+def test_a_sync_save_returns_before_the_checkpoints_it_retires_are_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retired checkpoint is unlisted at once and deleted in the background; the next
+    save waits for that before it writes; a process that exits right away still deletes."""
+    root = tmp_path / "ckpt"
+    save({"t": torch.zeros(4)}, str(root), step=1)
+    gate, removing = threading.Event(), threading.Event()
+    remove = LocalStorage.remove
+
+    def slow_remove(self: LocalStorage, rel: str) -> None:
+        if rel.startswith(STAGING_PREFIX):
+            removing.set()
+            assert gate.wait(30)
+        remove(self, rel)
+
+    monkeypatch.setattr(LocalStorage, "remove", slow_remove)
+    save({"t": torch.ones(4)}, str(root), step=2, keep_last=1)  # returns, the deletion waits
+    assert removing.wait(30) and steps(str(root)) == [2]
+    assert len([n for n in os.listdir(root) if n.startswith(STAGING_PREFIX)]) == 1
+    third = threading.Thread(target=save, args=({"t": torch.full((4,), 3.0)}, str(root)),
+                             kwargs={"step": 3, "keep_last": 1})  # fmt: skip
+    third.start()
+    time.sleep(0.3)
+    assert third.is_alive() and steps(str(root)) == [2], "the next save did not wait for the deletion"
+    gate.set()
+    third.join(30)
+    swept()
+    assert sorted(os.listdir(root)) == ["step-000000000003"]
+    monkeypatch.undo()
+    script = (
+        "import sys, torch, ferry\n"
+        "for step in (4, 5): ferry.save({'t': torch.zeros(1 << 20)}, sys.argv[1], step=step, keep_last=1)\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(root)], check=True, timeout=120)
+    assert sorted(os.listdir(root)) == ["step-000000000005"], "a deletion was lost at exit"
 
 
 def test_retention_removes_leftovers_of_dead_saves(tmp_path: Path) -> None:
@@ -525,6 +569,21 @@ def test_tree_round_trips_through_json_tags() -> None:
     values = plain_values()
     flat = flatten(values)
     same(values, unflatten(flat.tree, flat.arrays))
+
+
+def test_the_tensor_table_is_json_dumps_character_for_character() -> None:
+    """The table is formatted by hand, each kind's text once: it must be what json writes,
+    for tensors of the same size and other shapes, scalars, empty ones, every kind."""
+    state = {
+        "a": torch.zeros(2, 3), "b": torch.zeros(6), "c": torch.zeros(3, 2), "d": torch.tensor(1.5),
+        "e": torch.zeros(0, 4), "f": torch.zeros(2, 3, dtype=torch.float16), "g": np.zeros((2, 3)),
+        "h": torch.zeros(2, 3), "i": [torch.zeros(1, 1, 1)] * 3, "j": np.arange(6, dtype=np.int8),
+    }  # fmt: skip
+    flat = flatten(state)
+    layout(flat.entries, "data-7.bin")
+    expected = json.dumps([e.to_json() for e in flat.entries], separators=(",", ":"))
+    assert entries_json(flat.entries) == expected
+    assert entries_json([]) == "[]"
 
 
 @pytest.mark.parametrize("step", [-1, 10**12, True, 1.0])

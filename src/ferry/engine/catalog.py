@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ferry.errors import NoCheckpointError
-from ferry.storage import Storage, open_storage, strategy_for
+from ferry.storage import Storage, open_storage, strategy_for, sweep
 from ferry.storage.atomic import MANIFEST
 
 _NAME = re.compile(r"^step-(\d{12})(?:\.(\d+))?$")
@@ -76,11 +76,15 @@ def split_url(url: str) -> tuple[Storage, str | None]:
     return storage, None
 
 
-def apply_retention(storage: Storage, keep_last: int, keep_every: int | None = None) -> list[str]:
+def apply_retention(
+    storage: Storage, keep_last: int, keep_every: int | None = None, *, later: bool = False
+) -> list[str]:
     """Delete committed checkpoints beyond the newest ``keep_last`` (those whose step is a
     multiple of ``keep_every`` are kept), and staging folders of saves that died.
     Checkpoints ``held`` by this process (a copy in flight) are kept until it ends.
-    Single writer: call only from the process that saves. Returns what was removed."""
+    With ``later``, a retired checkpoint is unlisted now and its bytes are deleted in the
+    background (``storage.sweep``). Single writer: call only from the process that saves.
+    Returns what was removed."""
     strategy = strategy_for(storage)
     refs = list_checkpoints(storage)
     doomed = [
@@ -93,8 +97,10 @@ def apply_retention(storage: Storage, keep_last: int, keep_every: int | None = N
         if strategy.is_staging(name) or (_NAME.match(name) and name not in committed):
             doomed.append(name)
     for name in doomed:
-        if name in committed:
-            strategy.retract(storage, name)
-        else:
+        if name not in committed:
             storage.remove(name)
+        elif later:
+            sweep.later(storage, strategy.retract(storage, name))
+        else:
+            storage.remove(strategy.retract(storage, name))
     return doomed

@@ -46,8 +46,8 @@ def save(
             data, size = direct
         storage = open_storage(url)
         name = persist(storage, flat, data, step, meta=meta, extra_files=extra_files)
-    if keep_last:
-        apply_retention(storage, keep_last, keep_every)
+    if keep_last:  # the retired checkpoints' bytes go in the background (storage.sweep)
+        apply_retention(storage, keep_last, keep_every, later=True)
     seconds = time.perf_counter() - t0
     return CheckpointInfo(storage.child_url(name), step, size, seconds, seconds)
 

@@ -34,12 +34,12 @@ class RenameCommit:
     def commit(self, storage: Storage, staging: str, final: str) -> None:
         _renamer(storage).rename(staging, final)
 
-    def retract(self, storage: Storage, name: str) -> None:
-        # Hidden under a staging name first: a crash in the middle of the deletion must not
-        # leave a listed, half-deleted checkpoint (the next retention sweeps the rest).
+    def retract(self, storage: Storage, name: str) -> str:
+        # Hidden under a staging name: a crash in the middle of the deletion that follows
+        # must not leave a listed, half-deleted checkpoint (the next retention sweeps it).
         hidden = self.staging_name(name)
         _renamer(storage).rename(name, hidden)
-        storage.remove(hidden)
+        return hidden
 
     def is_committed(self, storage: Storage, name: str) -> bool:
         return not self.is_staging(name) and storage.exists(f"{name}/{MANIFEST}")
@@ -57,9 +57,9 @@ class MarkerCommit:
     def commit(self, storage: Storage, staging: str, final: str) -> None:
         storage.write_bytes(f"{final}/{MARKER}", b"committed\n")
 
-    def retract(self, storage: Storage, name: str) -> None:
+    def retract(self, storage: Storage, name: str) -> str:
         storage.remove(f"{name}/{MARKER}")
-        storage.remove(name)
+        return name
 
     def is_committed(self, storage: Storage, name: str) -> bool:
         return storage.exists(f"{name}/{MARKER}")

@@ -115,8 +115,9 @@ class CommitStrategy(Protocol):
 
     def commit(self, storage: Storage, staging: str, final: str) -> None: ...
 
-    def retract(self, storage: Storage, name: str) -> None:
-        """Delete a committed checkpoint; it stops being listed in one atomic step, first."""
+    def retract(self, storage: Storage, name: str) -> str:
+        """Take a committed checkpoint back in one atomic step: it is no longer listed.
+        Returns the folder left to delete (hidden, or no longer committed)."""
         ...
 
     def is_committed(self, storage: Storage, name: str) -> bool: ...

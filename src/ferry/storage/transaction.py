@@ -44,6 +44,7 @@ from ferry.storage.atomic import MANIFEST, strategy_for
 from ferry.storage.base import CommitStrategy, LocalFiles, Storage
 from ferry.storage.hashed import Data, read_chunks, write_hashed
 from ferry.storage.local import fsync_dir
+from ferry.storage.sweep import swept
 
 Manifest = bytes | Callable[[dict[str, dict[str, Any]]], bytes]
 """The manifest's bytes, or a function of the files table (``{rel: {"size", "xxh3_64"}}``)
@@ -75,7 +76,9 @@ class Transaction:
     # ---------------------------------------------------------------- begin / join
     @classmethod
     def begin(cls, storage: Storage, final: str) -> Transaction:
-        """Create the staging folder of the checkpoint that will be named ``final``."""
+        """Create the staging folder of the checkpoint that will be named ``final``, once
+        the checkpoints retired before it are deleted (``storage.sweep``)."""
+        swept()
         staging = strategy_for(storage).staging_name(final)
         storage.makedirs(staging)
         return cls(storage, final, staging, writer=True)
