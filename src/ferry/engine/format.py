@@ -12,6 +12,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -106,7 +107,7 @@ def _enc(v: Any, out: Flattened, path: Path) -> object:
     if isinstance(v, (bytes, bytearray)):
         return {"__bytes__": base64.b64encode(bytes(v)).decode()}
     if isinstance(v, dict):
-        if all(isinstance(k, str) and not k.startswith("__") for k in v):
+        if _plain_keys(v):
             # A tensor straight away, without a call of _enc (the commonest item by far).
             return {
                 k: {"__tensor__": _add_tensor(x, out, path, k)}
@@ -131,6 +132,14 @@ def _enc(v: Any, out: Flattened, path: Path) -> object:
         f"{type(v).__qualname__}: give it state_dict()/load_state_dict(), convert it to "
         "plain values, or save it through ferry's save_fn/restore_fn pair"
     )
+
+
+def _plain_keys(d: dict[Any, Any]) -> bool:
+    """Every key a string that does not start with ``__`` (the tags' mark): a skeleton
+    object's own keys. Checked in C, by ``map`` and one joined string: a generator over
+    the 20,000 keys of a state took a tenth of its save. A key holding ``\0__`` reads as
+    tagged: its dict takes the general form, which encodes any key."""
+    return all(map(isinstance, d, repeat(str))) and "\0__" not in "\0" + "\0".join(d)
 
 
 def _add_tensor(t: torch.Tensor, out: Flattened, path: Path, key: object) -> int:
