@@ -168,3 +168,25 @@ def test_a_copy_that_does_not_match_its_manifest_is_never_committed(root: str, t
         txn.add_copy(open_storage(src), f"{name}/data-0.bin", "data-0.bin", FileRecord(1, "0" * 16))
     assert dst.listdir() == []
     assert load(src).step == 1
+
+
+def test_missing_names_lost_files_and_raises_when_the_storage_cannot_answer(
+    root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file gone is missing; a storage that cannot be asked (a remote that is down) is no
+    answer: the caller retries instead of reading every file as lost."""
+    storage = open_storage(root)
+    with Transaction.begin(storage, FINAL) as txn:
+        txn.add_file("data-0.bin", DATA)
+        txn.add_file("sub/extra.bin", memoryview(b"extra"))
+        assert txn.missing() == []
+        storage.remove(txn.path("sub/extra.bin"))
+        assert txn.missing() == ["sub/extra.bin"]
+
+        def down(rel: str) -> int:
+            raise StorageError(f"cannot stat {rel}: connection refused")
+
+        monkeypatch.setattr(storage, "size", down)
+        with pytest.raises(StorageError, match="connection refused"):
+            txn.missing()
+        txn.abort()
