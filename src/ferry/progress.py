@@ -18,9 +18,13 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol, TextIO
+
+Progress = Callable[[str], None]
+"""A command's progress in lines (``ferry migrate``, ``export``, ``resume``): what it is
+doing now, for the person who waits."""
 
 REDRAW_SECONDS = 0.1
 """At most ten redraws a second: a copy of small pieces must not spend its time drawing."""

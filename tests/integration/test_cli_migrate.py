@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ferry.engine import list_checkpoints, verify
-from ferry.ops.migrate import copy_checkpoint, prepare_resume
+from ferry.ops.bundle import copy_checkpoint, prepare_resume
 from ferry.runtime.jobdir import JobDir
 from ferry.storage import open_storage
 

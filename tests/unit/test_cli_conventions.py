@@ -20,8 +20,8 @@ from click.testing import CliRunner, Result
 from ferry.cli import main
 from ferry.cli.output import ago
 from ferry.engine import list_checkpoints, save
+from ferry.ops.bundle import relevant_env, resume_command
 from ferry.ops.jobs import natural_key
-from ferry.ops.migrate import relevant_env, resume_command
 from ferry.ops.prune import Candidate, parse_age, select
 from ferry.runtime.jobdir import JobDir
 from ferry.storage import open_storage
@@ -248,7 +248,7 @@ def test_checkpoint_wait_on_a_worker_without_a_ferry_session(tmp_path: Path) -> 
 def test_the_resume_hint_passes_what_ferry_run_sets_itself_as_options_not_env() -> None:
     """A bundle's environment holds the worker's FERRY_* settings, some of which ferry run
     sets itself and refuses through --env: the printed command must run as printed."""
-    from ferry.ops.migrate import resume_command
+    from ferry.ops.bundle import resume_command
     from ferry.supervisor.options import SUPERVISOR_OWNED
 
     env = {key: "x" for key in SUPERVISOR_OWNED} | {"FERRY_EXIT_CODE": "77", "FERRY_EVERY_STEPS": "5"}

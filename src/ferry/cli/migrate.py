@@ -14,17 +14,18 @@ from ferry.cli.output import emit_json, json_option
 from ferry.cli.params import POSITIVE_SECONDS, SECONDS, check_timeout
 from ferry.errors import ConfigError
 from ferry.knobs import GRACE_SECONDS, REQUEST_TIMEOUT_SECONDS
+from ferry.ops import bundle as bundles
 from ferry.ops import devices
 from ferry.ops import migrate as ops
 from ferry.ops.jobs import find_job
 from ferry.ops.warmresume import BundleGate
-from ferry.progress import meter_for
+from ferry.progress import Progress, meter_for
 from ferry.runtime.identity import default_job_id
 from ferry.supervisor import RunOptions, Supervisor
 from ferry.supervisor.options import check_command
 
 
-def _progress(as_json: bool) -> ops.Progress:
+def _progress(as_json: bool) -> Progress:
     def note(message: str) -> None:
         click.echo(f"ferry: {message}", err=True)
 
@@ -122,7 +123,7 @@ def export_cmd(job: str, dest_url: str, timeout: float, as_json: bool) -> None:
     A job that is not running gets its newest committed checkpoint exported.
     """
     record = find_job(job)
-    bundle = ops.export(record, dest_url, check_timeout(timeout), _progress(as_json), meter_for(as_json))
+    bundle = bundles.export(record, dest_url, check_timeout(timeout), _progress(as_json), meter_for(as_json))
     if as_json:
         emit_json(bundle)
         return
@@ -189,16 +190,16 @@ def resume_cmd(
     target = checkpoint_dir or os.path.join("ferry-checkpoints", job_id)
     target = target if "://" in target else os.path.abspath(target)
     progress = _progress(as_json)
-    if warm and ops.load_bundle(source) is None:
+    if warm and bundles.load_bundle(source) is None:
         _resume_warm(ctx, source, gpus, job_id, target, restarts, grace, no_autotrack, list(command), as_json)
         return
-    argv, env, cwd, autotrack = ops.prepare_resume(
+    argv, env, cwd, autotrack = bundles.prepare_resume(
         source, target, list(command), gpus, progress, meter_for(as_json)
     )
     autotrack = autotrack and not no_autotrack
     if cwd is not None:
         os.chdir(cwd)
-    again = ops.resume_command(
+    again = bundles.resume_command(
         job_id=job_id,
         checkpoint_dir=target,
         command=argv,
@@ -246,7 +247,7 @@ def _resume_warm(
         env["CUDA_VISIBLE_DEVICES"], warning = devices.check(gpus)
         if warning:
             progress(f"warning: {warning}")
-    again = ops.resume_command(
+    again = bundles.resume_command(
         job_id=job_id,
         checkpoint_dir=target,
         command=command,

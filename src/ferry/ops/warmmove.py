@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 
 from ferry.errors import JobError
 from ferry.knobs import PROCESS_POLL_SECONDS
 from ferry.ops.jobs import JobRecord, command_of, process_env, send, wait_answer
 from ferry.ops.warmcheck import WarmFacts
-from ferry.progress import Meter
+from ferry.progress import Meter, Progress
 from ferry.runtime.jobfiles import Event, Response
 from ferry.runtime.procs import descendants
 from ferry.supervisor import warm
 
-Progress = Callable[[str], None]
 _LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 
 

@@ -12,15 +12,13 @@ used, so they must agree (NTP) for the figures to hold across nodes.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from ferry.errors import FerryError
-from ferry.ops.migrate import Bundle, load_bundle, prepare_resume
+from ferry.ops.bundle import Bundle, load_bundle, prepare_resume
 from ferry.ops.warmmove import first_step
+from ferry.progress import Progress
 from ferry.runtime.jobdir import JobDir
-
-Progress = Callable[[str], None]
 
 
 @dataclass
