@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from torch import nn
 from torch.optim import Optimizer
@@ -31,12 +31,13 @@ from ferry.runtime.jobdir import JobDir
 from ferry.runtime.signals import SignalRequests
 from ferry.schedulers import detect as detect_scheduler
 from ferry.session import checkpointer, policy, resume, warm
+from ferry.session.loophooks import LoopHooks, LoopState
 from ferry.session.reporting import Reporter
 from ferry.session.rngwatch import GeneratorWatch, Look
 from ferry.session.savewatch import SaveWatch
 from ferry.state import loader_identity
 from ferry.state.generators import GeneratorState
-from ferry.state.loader import Hooks, LoaderTracker, protect_workers, track_loader, untrack_all
+from ferry.state.loader import LoaderTracker, protect_workers, track_loader, untrack_all
 from ferry.state.training import TrainingState
 
 log = logging.getLogger("ferry")
@@ -65,17 +66,7 @@ def _default_logging() -> None:
         log.propagate = False
 
 
-class LoopState(Protocol):
-    """Zero-code mode's handle on the training loop's frames (``autotrack/keeper.py``)."""
-
-    def capture(self, objects: dict[str, Any], loader: Any = None) -> dict[str, Any]: ...
-    def prepare(self, saved: dict[str, Any], loader: Any) -> None: ...
-    def examine(self, objects: dict[str, Any], loader: Any = None) -> None: ...
-    def matches(self, saved: dict[str, Any]) -> bool: ...
-    def restore(self, saved: dict[str, Any]) -> dict[int, Any]: ...
-
-
-class Session(Hooks):
+class Session(LoopHooks):
     """Everything ferry knows about the training loop of this process."""
 
     def __init__(self, config: Config | None = None, signals: SignalRequests | None = None) -> None:
@@ -262,75 +253,6 @@ class Session(Hooks):
                 if tracker is not self.driver:
                     self._resume.after_in_place(tracker)
         self.report.resumed(self._resume.loaded.url, self.global_step, seconds)
-
-    # ------------------------------------------------------------------ hooks
-    def fast_forwarding(self, tracker: LoaderTracker) -> bool:
-        return self._restore_pending
-
-    def resume_in_place(self, tracker: LoaderTracker) -> bool:
-        """Zero-code mode: the driving loader's first iter() of the resumed process continues
-        the saved epoch at once, when the loop's frames (its epoch counter and position
-        included) will be put back at the restore point; no epoch is fast-forwarded."""
-        found = self._resume
-        if found is None or not found.pending or tracker is not self.driver or self.loop is None:
-            return False
-        if found.state.driver != tracker.name or (tracker.identity is not None and tracker.identity.ordinal):
-            return False  # not the first loader of that line: one built per epoch (fast-forwarded)
-        saved = found.state.frames
-        if saved is None or saved.get("by") != "loader" or not self.loop.matches(saved):
-            return False
-        found.in_place = True
-        self.loop.prepare(saved, tracker.loader_ref())
-        return True
-
-    def restore_at(self, by: str) -> bool:
-        """Zero-code mode without a loader: restore now if the checkpoint's safe points were
-        made by ``by`` (this is then the restore point); True if it restored."""
-        found = self._resume
-        if found is None or found.done or (found.state.frames or {}).get("by") != by:
-            return False
-        self._restore_all()
-        return True
-
-    def saved_loop(self) -> dict[str, Any] | None:
-        """The loop state of the checkpoint still to be restored, if any."""
-        found = self._resume
-        return None if found is None or found.done else found.state.frames
-
-    def step_safe_point(self) -> None:
-        """Zero-code mode without a loader: an optimizer step or a model forward ended a step."""
-        self.global_step += 1
-        self._safe_point()
-
-    def at_restore_point(self, tracker: LoaderTracker) -> None:
-        if self._restore_pending:
-            self._restore_all()
-
-    @property
-    def restore_pending(self) -> bool:
-        """A checkpoint waits for the training loader's first batch to be restored."""
-        return self._restore_pending
-
-    @property
-    def _restore_pending(self) -> bool:
-        return self._resume is not None and self._resume.pending
-
-    def before_batch(self, tracker: LoaderTracker) -> None:
-        if tracker is self.driver:
-            self._safe_point()
-
-    def after_batch(self, tracker: LoaderTracker) -> None:
-        self.last_batch_from = tracker
-        if tracker is self.driver:
-            self.global_step += 1
-
-    def note_optimizer_step(self) -> None:
-        """The loader that fed the last batch before an optimizer step is the training loader."""
-        feeding = self.last_batch_from
-        if feeding is not None and feeding is not self.driver and not self._driver_pinned:
-            log.info("ferry: %s feeds training; its batches are the safe points", feeding.name)
-            self.driver = feeding
-            self._driver_pinned = True
 
     def step(self) -> None:
         """Mark the end of a training iteration: a safe point. Without a tracked DataLoader it

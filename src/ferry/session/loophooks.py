@@ -1,0 +1,112 @@
+"""Where the training loop meets the session: the hooks a tracked loader calls (a batch
+taken, the restore point, an epoch to continue in place or to fast-forward), zero-code
+mode's safe points without a loader (an optimizer step, a model's forward), and which
+loader drives training. A part of ``Session`` (``core``), whose attributes it reads.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+from ferry.session import resume
+from ferry.state.loader import Hooks, LoaderTracker
+
+log = logging.getLogger("ferry")
+
+
+class LoopState(Protocol):
+    """Zero-code mode's handle on the training loop's frames (``autotrack/keeper.py``)."""
+
+    def capture(self, objects: dict[str, Any], loader: Any = None) -> dict[str, Any]: ...
+    def prepare(self, saved: dict[str, Any], loader: Any) -> None: ...
+    def examine(self, objects: dict[str, Any], loader: Any = None) -> None: ...
+    def matches(self, saved: dict[str, Any]) -> bool: ...
+    def restore(self, saved: dict[str, Any]) -> dict[int, Any]: ...
+
+
+class LoopHooks(Hooks):
+    """The session's side of the training loop; ``Session`` supplies the state and the two
+    actions, ``_restore_all`` and ``_safe_point``."""
+
+    driver: LoaderTracker | None
+    """The loader whose batches are the training steps."""
+    last_batch_from: LoaderTracker | None
+    loop: LoopState | None
+    global_step: int
+    _driver_pinned: bool
+    _resume: resume.Resume | None
+
+    def _restore_all(self) -> None:
+        raise NotImplementedError  # Session's: put the checkpoint back now
+
+    def _safe_point(self) -> None:
+        raise NotImplementedError  # Session's: save or stop here if asked
+
+    def fast_forwarding(self, tracker: LoaderTracker) -> bool:
+        return self._restore_pending
+
+    def resume_in_place(self, tracker: LoaderTracker) -> bool:
+        """Zero-code mode: the driving loader's first iter() of the resumed process continues
+        the saved epoch at once, when the loop's frames (its epoch counter and position
+        included) will be put back at the restore point; no epoch is fast-forwarded."""
+        found = self._resume
+        if found is None or not found.pending or tracker is not self.driver or self.loop is None:
+            return False
+        if found.state.driver != tracker.name or (tracker.identity is not None and tracker.identity.ordinal):
+            return False  # not the first loader of that line: one built per epoch (fast-forwarded)
+        saved = found.state.frames
+        if saved is None or saved.get("by") != "loader" or not self.loop.matches(saved):
+            return False
+        found.in_place = True
+        self.loop.prepare(saved, tracker.loader_ref())
+        return True
+
+    def restore_at(self, by: str) -> bool:
+        """Zero-code mode without a loader: restore now if the checkpoint's safe points were
+        made by ``by`` (this is then the restore point); True if it restored."""
+        found = self._resume
+        if found is None or found.done or (found.state.frames or {}).get("by") != by:
+            return False
+        self._restore_all()
+        return True
+
+    def saved_loop(self) -> dict[str, Any] | None:
+        """The loop state of the checkpoint still to be restored, if any."""
+        found = self._resume
+        return None if found is None or found.done else found.state.frames
+
+    def step_safe_point(self) -> None:
+        """Zero-code mode without a loader: an optimizer step or a model forward ended a step."""
+        self.global_step += 1
+        self._safe_point()
+
+    def at_restore_point(self, tracker: LoaderTracker) -> None:
+        if self._restore_pending:
+            self._restore_all()
+
+    @property
+    def restore_pending(self) -> bool:
+        """A checkpoint waits for the training loader's first batch to be restored."""
+        return self._restore_pending
+
+    @property
+    def _restore_pending(self) -> bool:
+        return self._resume is not None and self._resume.pending
+
+    def before_batch(self, tracker: LoaderTracker) -> None:
+        if tracker is self.driver:
+            self._safe_point()
+
+    def after_batch(self, tracker: LoaderTracker) -> None:
+        self.last_batch_from = tracker
+        if tracker is self.driver:
+            self.global_step += 1
+
+    def note_optimizer_step(self) -> None:
+        """The loader that fed the last batch before an optimizer step is the training loader."""
+        feeding = self.last_batch_from
+        if feeding is not None and feeding is not self.driver and not self._driver_pinned:
+            log.info("ferry: %s feeds training; its batches are the safe points", feeding.name)
+            self.driver = feeding
+            self._driver_pinned = True
