@@ -1,6 +1,6 @@
 """Progress of a save in flight: the writer's count (ferry.progress.Tally), the status field
 the worker publishes (``saving``, parsed defensively), what ``ferry status`` computes from it
-and the line a waiting command draws (ops.jobs.SaveLine). End to end, through a pseudo-
+and the line a waiting command draws (ops.requests.SaveLine). End to end, through a pseudo-
 terminal: tests/integration/test_save_progress.py."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ferry.ops.jobs import SaveLine
+from ferry.ops.requests import SaveLine
 from ferry.progress import Tally, counting, written
 from ferry.runtime.jobdir import JobDir
 from ferry.runtime.jobfiles import parse_status

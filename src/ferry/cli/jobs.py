@@ -19,7 +19,8 @@ from ferry.cli.output import clock, emit_json, human_bytes, json_option, table
 from ferry.cli.params import check_timeout
 from ferry.errors import ConfigError, FerryError, JobError
 from ferry.knobs import CHECKPOINT_EXIT_CODE, REQUEST_TIMEOUT_SECONDS
-from ferry.ops.jobs import JobRecord, find_job, list_jobs, process_name, save_in_flight, send, wait_answer
+from ferry.ops.jobs import JobRecord, find_job, list_jobs, process_name
+from ferry.ops.requests import save_in_flight, send, wait_answer
 from ferry.process import nvml
 from ferry.progress import meter_for
 

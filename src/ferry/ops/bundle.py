@@ -20,7 +20,8 @@ from ferry.autotrack import BOOT_DIR
 from ferry.errors import ConfigError, JobError, NoCheckpointError
 from ferry.knobs import PROCESS_POLL_SECONDS
 from ferry.ops import devices
-from ferry.ops.jobs import JobRecord, command_of, process_env, send, wait_answer
+from ferry.ops.jobs import JobRecord, command_of, process_env
+from ferry.ops.requests import send, wait_answer
 from ferry.progress import Meter, Progress
 from ferry.storage import FileRecord, Storage, Transaction, open_storage
 from ferry.storage.atomic import MANIFEST

@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 
 from ferry.errors import ConfigError, JobError
 from ferry.ops import devices, warmmove
-from ferry.ops.jobs import JobRecord, require_alive, send, wait_answer
+from ferry.ops.jobs import JobRecord
+from ferry.ops.requests import require_alive, send, wait_answer
 from ferry.ops.warmcheck import cold_reason
 from ferry.progress import Meter, Progress
 from ferry.runtime.jobfiles import Event, Response

@@ -16,7 +16,8 @@ import time
 
 from ferry.errors import JobError
 from ferry.knobs import PROCESS_POLL_SECONDS
-from ferry.ops.jobs import JobRecord, command_of, process_env, send, wait_answer
+from ferry.ops.jobs import JobRecord, command_of, process_env
+from ferry.ops.requests import send, wait_answer
 from ferry.ops.warmcheck import WarmFacts
 from ferry.progress import Meter, Progress
 from ferry.runtime.jobfiles import Event, Response
