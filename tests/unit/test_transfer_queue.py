@@ -92,6 +92,7 @@ def test_a_source_removed_meanwhile_fails_at_once_and_says_what_is_left(
     assert retried == [] and handle.failed == []
     message = caplog.records[-1].getMessage()
     assert "is kept" not in message and "next checkpoint's copy goes on" in message
+    assert "times" not in message, "it was tried once"
     assert transfer.push(new).result(30).endswith(new)
     transfer.close()
 

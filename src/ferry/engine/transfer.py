@@ -115,7 +115,9 @@ def retry(what: str, fn: Callable[[], T], policy: TransferPolicy, failed: Retrie
         try:
             return fn()
         except Exception as exc:
-            if attempt == attempts or isinstance(exc, SourceGone):
+            if isinstance(exc, SourceGone):
+                raise TransferError(f"{what} failed, not to be retried: {exc}") from exc
+            if attempt == attempts:
                 raise TransferError(f"{what} failed {attempts} times, the last with: {exc}") from exc
             delay = backoff_delay(policy.backoff_seconds, attempt, policy.backoff_cap_seconds)
             log.warning(
