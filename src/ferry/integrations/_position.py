@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ferry.errors import UnsupportedStateError, bug
-from ferry.state.loader import _generators, apply_epoch_rng, capture_epoch_rng
+from ferry.state.epoch_replay import apply_epoch_rng, capture_epoch_rng, loader_generators
 from ferry.state.rng import own
 
 
@@ -44,7 +44,7 @@ def _seed_all(loader: DataLoader[Any], seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.set_rng_state(torch.Generator().manual_seed(seed).get_state())
-    for gen in _generators(loader).values():
+    for gen in loader_generators(loader).values():
         gen.manual_seed(seed)
 
 
