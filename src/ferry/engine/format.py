@@ -182,8 +182,7 @@ def entries_json(entries: list[TensorEntry]) -> wire.RawJSON:
     q = {text: json.dumps(text) for text in texts | {"torch", "numpy"}}
     heads: dict[tuple[object, ...], str] = {}
 
-    def head(e: TensorEntry) -> str:
-        key = (e.dtype, e.nbytes, e.kind, e.device, e.file, *e.shape)
+    def head(e: TensorEntry, key: tuple[object, ...]) -> str:
         text = heads[key] = (
             f'{{"dtype":{q[e.dtype]},"shape":{str(e.shape).replace(" ", "")},"nbytes":{e.nbytes},'
             f'"kind":{q[e.kind]},"device":{q[e.device]},"file":{q[e.file]},"offset":'
@@ -193,7 +192,8 @@ def entries_json(entries: list[TensorEntry]) -> wire.RawJSON:
     known = heads.get
     body = "},".join(
         [
-            (known((e.dtype, e.nbytes, e.kind, e.device, e.file, *e.shape)) or head(e)) + str(e.offset)
+            (known(key := (e.dtype, e.nbytes, e.kind, e.device, e.file, *e.shape)) or head(e, key))
+            + str(e.offset)
             for e in entries
         ]
     )
