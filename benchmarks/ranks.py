@@ -1,12 +1,15 @@
 """Multi-rank jobs under torchrun (2 ranks, gloo, CPU): what a save blocks, what agreeing
 costs, how fast a stop ends every rank.
 
-1. Training blocked by a save: each rank holds ``--mib`` MiB of state (4 MiB tensors) and
-   trains in steps of 20 ms with a checkpoint due every 10 steps; the blocked time is the
-   longest safe point of a saving step over the ranks (after one untimed save of each
-   kind: the host buffer of the snapshots is allocated once, then reused). Asynchronous and synchronous saves
-   alternate, each round waiting for the background save to commit before the next.
-   Goal: median async / median sync <= 0.1.
+1. Training blocked by a save: each rank holds ``--mib`` MiB of parameters (4 MiB tensors,
+   updated by an SGD optimizer whose steps find no gradients, so they change nothing and
+   cost nothing) and trains in steps of 20 ms (``--save-step-ms``) with a checkpoint due
+   every 10 steps. The blocked time is the saving step's safe point plus the next
+   optimizer step's wait for the copies that ``overlap_snapshot`` left running, the
+   longest over the ranks (after one untimed save of each kind: the host buffer of the
+   snapshots is allocated once, then reused). Three kinds of save take turns, each waiting for the previous commit:
+   asynchronous (the default), asynchronous with ``overlap_snapshot``, synchronous.
+   Goal: median async / median sync <= 0.1; the overlap's ratio is reported beside it.
 2. Per-step overhead of the ranks' agreement: data-parallel steps of 5, 20 and 100 ms
    (a sleep, the same length on both ranks on a shared machine, then a gradient
    all-reduce of 4 KiB), nothing due: plain (no ferry); under ferry with the agreement off
@@ -20,7 +23,7 @@ costs, how fast a stop ends every rank.
 Rounds interleave the variants (each round runs every variant once, in rotating order) so
 that all see the same machine noise; figures are medians over the rounds.
 
-    python benchmarks/ranks.py [--rounds 5] [--mib 256] [--json]
+    python benchmarks/ranks.py [--rounds 5] [--mib 256] [--save-step-ms 20] [--json]
 """
 
 from __future__ import annotations
@@ -43,14 +46,17 @@ import ferry
 from ferry.session.api import current
 
 mode, out, mib, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+SAVE_STEP = float(sys.argv[5]) if len(sys.argv) > 5 else 0.02  # part 1's step, seconds
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.set_num_threads(1)
-state = {f"t{i}": torch.randn(1 << 20) for i in range(max(1, mib // 4))}
-ferry.configure(keep_last=1)
-ferry.track(state=state)
+model = torch.nn.ParameterList(torch.randn(1 << 20) for _ in range(max(1, mib // 4)))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)  # no gradients: its step changes nothing
+ferry.configure(keep_last=1, overlap_snapshot=True)
+ferry.track(model=model, opt=opt)
 session = current()
 assert session is not None
+overlap = session.checkpointer.overlap
 
 
 def settle():
@@ -65,18 +71,22 @@ def longest(values):
     return float(t)
 
 
-def saving(blocking):
-    """The time the saving step's safe point blocks training, the longest over the ranks."""
+def saving(kind):
+    """The time the saving step blocks training, the longest over the ranks: its safe point,
+    and the next optimizer step's wait for the copies the overlap left running."""
     session.config = dataclasses.replace(session.config, every_steps=None)
     while (session.global_step + 1) % 10:
-        train_step(0.02)
+        train_step(SAVE_STEP)
         ferry.step()
     settle()
-    session.config = dataclasses.replace(session.config, every_steps=10, async_save=not blocking)
-    train_step(0.02)
+    overlap.on = kind == "overlap"
+    session.config = dataclasses.replace(session.config, every_steps=10, async_save=kind != "sync")
+    train_step(SAVE_STEP)
     t0 = time.perf_counter()
     ferry.step()  # the 10th: a checkpoint is due
-    blocked = longest([time.perf_counter() - t0])
+    at_safe_point = time.perf_counter() - t0
+    waited = train_step(SAVE_STEP)
+    blocked = longest([at_safe_point + waited])
     assert session.global_step % 10 == 0
     settle()
     return blocked
@@ -87,9 +97,13 @@ GRAD = torch.zeros(1024)
 
 def train_step(dt):
     """A data-parallel step: compute (a sleep, the same length on both ranks whatever the
-    machine's load), then the gradients' all-reduce that keeps the ranks in step."""
+    machine's load), the gradients' all-reduce that keeps the ranks in step, the optimizer's
+    step. Returns the time the optimizer step took."""
     time.sleep(dt)
     dist.all_reduce(GRAD)
+    t0 = time.perf_counter()
+    opt.step()
+    return time.perf_counter() - t0
 
 
 FLAG = torch.zeros(2, dtype=torch.int64)
@@ -117,13 +131,15 @@ def chunk(kind, dt, steps):
 
 
 if mode == "measure":
-    results = {"async": [], "sync": [], "steps": {}}
-    saving(False)  # warm-up: the snapshot buffer is allocated once, then reused
-    saving(True)
+    saves = ["async", "overlap", "sync"]
+    results = {"steps": {}, **{kind: [] for kind in saves}}
+    for kind in saves:  # warm-up: the snapshot buffer is allocated once, then reused
+        saving(kind)
     kinds = ["plain", "ferry-off", "ferry", "allreduce"]
     for r in range(rounds):
-        for blocking in ((False, True) if r % 2 == 0 else (True, False)):
-            results["sync" if blocking else "async"].append(saving(blocking))
+        for kind in saves[r % 3 :] + saves[: r % 3]:
+            results[kind].append(saving(kind))
+        overlap.on = False
         session.config = dataclasses.replace(session.config, every_steps=None)
         for dt, steps, chunks in ((0.005, 60, 8), (0.020, 20, 6), (0.100, 5, 3)):
             chunk("ferry", dt, 20)  # warm-up: ferry measures the pace of agreeing again
@@ -206,6 +222,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--mib", type=int, default=256, help="state per rank")
+    p.add_argument("--save-step-ms", type=float, default=20.0, help="the step of part 1 (saves)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="ferry-ranks-") as tmp:
@@ -214,7 +231,9 @@ def main() -> None:
         env = dict(os.environ, FERRY_HOME=os.path.join(tmp, "home"), OMP_NUM_THREADS="1",
                    FERRY_DIR=os.path.join(tmp, "ck"))  # fmt: skip
         out = os.path.join(tmp, "measure.json")
-        job = torchrun(script, ["measure", out, str(args.mib), str(args.rounds)], env)
+        job = torchrun(
+            script, ["measure", out, str(args.mib), str(args.rounds), str(args.save_step_ms / 1e3)], env
+        )
         _, err = job.communicate(timeout=3600)
         if job.returncode != 0:
             raise SystemExit(f"the measuring job failed ({job.returncode}): {err.decode()[-3000:]}")
@@ -225,9 +244,12 @@ def main() -> None:
     result = {
         "rounds": args.rounds,
         "mib_per_rank": args.mib,
+        "save_step_ms": args.save_step_ms,
         "blocked_async_s": med(measured["async"]),
         "blocked_sync_s": med(measured["sync"]),
         "blocked_ratio": med(measured["async"]) / med(measured["sync"]),
+        "blocked_overlap_s": med(measured["overlap"]),
+        "blocked_overlap_ratio": med(measured["overlap"]) / med(measured["sync"]),
         "blocked_goal": 0.1,
         "step_ms": steps,
         "agreement_ratio": {dt: s["ferry"] / s["ferry-off"] for dt, s in steps.items()},
@@ -240,8 +262,10 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
         return
-    print(f"state per rank {args.mib} MiB, 2 ranks, {args.rounds} rounds (medians)")
-    print(f"training blocked by a save: async {result['blocked_async_s']:.3f} s, "
+    print(f"state per rank {args.mib} MiB, 2 ranks, {args.rounds} rounds (medians); "
+          f"saves in steps of {args.save_step_ms:g} ms")  # fmt: skip
+    print(f"training blocked by a save: async {result['blocked_async_s']:.3f} s, async with "
+          f"overlap_snapshot {result['blocked_overlap_s']:.3f} s, "
           f"sync {result['blocked_sync_s']:.3f} s")  # fmt: skip
     for dt, s in steps.items():
         print(f"step {float(dt) * 1e3:.0f} ms: plain {s['plain']:.3f} ms; ferry, agreement off "
@@ -251,7 +275,8 @@ def main() -> None:
     print(f"stop signal on rank 1 -> every rank exited 85: {result['stop_to_all_exited_s']:.3f} s "
           f"(rounds: {', '.join(f'{s:.2f}' for s in stops)})")  # fmt: skip
     worst = max(result["agreement_ratio"].values())
-    print(f"blocked async/sync {result['blocked_ratio']:.3f} (goal <= 0.1); "
+    print(f"blocked async/sync {result['blocked_ratio']:.3f} (goal <= 0.1), with overlap_snapshot "
+          f"{result['blocked_overlap_ratio']:.3f}; "
           f"agreement overhead worst x{worst:.4f} (goal <= 1.01)")  # fmt: skip
 
 

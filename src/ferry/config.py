@@ -96,6 +96,10 @@ class Config:
     """Also keep forever every checkpoint whose step is a multiple of this."""
     async_save: bool = True
     """Periodic checkpoints persist in the background (a stop always waits)."""
+    overlap_snapshot: bool = False
+    """With ``async_save``: the parameters an optimizer updates and its state are copied while
+    the next forward and backward run, and that optimizer's next ``step()`` waits for the
+    copies (docs/api.md). For scripts that change those tensors only in ``step()``."""
     stop_signals: tuple[str, ...] = ("SIGUSR1", "SIGTERM")
     """Signals that mean: checkpoint at the next safe point, then exit with exit_code."""
     checkpoint_signals: tuple[str, ...] = ("SIGUSR2",)

@@ -1,14 +1,21 @@
-"""The device-to-host snapshot of state spread over several GPUs: every copy has landed when
+"""The device-to-host snapshot: of state spread over several GPUs, every copy has landed when
 ``snapshot`` returns, whichever device is current (it synchronizes each device it copied
-from, not only the current one)."""
+from, not only the current one); with ``overlap_snapshot``, the copies left running on a
+side stream hold the safe point's values."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from torch import nn
 
+from ferry.engine import load
+from ferry.engine.asyncsave import AsyncSaver
 from ferry.engine.format import flatten
 from ferry.engine.snapshot import HostBuffer, snapshot
+from ferry.session.overlap import Overlap
 
 
 def test_a_snapshot_waits_for_every_gpu_it_copies_from() -> None:
@@ -19,8 +26,43 @@ def test_a_snapshot_waits_for_every_gpu_it_copies_from() -> None:
     for _ in range(4):  # work queued on cuda:1 that its copy to the host waits behind
         far = far @ far / 64
     flat = flatten({"near": torch.ones(16, device="cuda:0"), "far": far})
-    host, _ = snapshot(flat, HostBuffer())
+    host, _, _ = snapshot(flat, HostBuffer())
     entry = next(e for e in flat.entries if e.shape == [4096, 4096])
     got = host[entry.offset : entry.offset + entry.nbytes].clone()  # before anything else waits
     want = far.cpu().reshape(-1).view(torch.uint8)
     assert torch.equal(got, want)
+
+
+def test_overlapped_copies_from_a_gpu_hold_the_safe_point_while_the_next_step_runs(tmp_path: Path) -> None:
+    """``overlap_snapshot`` on a GPU: the parameters and the optimizer's state are copied on a
+    side stream while the next step's forward and backward are queued on the current one;
+    its optimizer step waits for them, and the checkpoint holds the safe point's values."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2048, 2048), nn.BatchNorm1d(2048), nn.Linear(2048, 2048)).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        x = torch.randn(256, 2048, device="cuda")
+        for _ in range(8):  # enough queued work that the copies overlap it
+            x = model(x).tanh()
+        x.square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    step()
+    objects = {"model": model, "opt": opt}
+    want = {k: v.cpu().clone() for k, v in model.state_dict().items()}
+    saver = AsyncSaver(str(tmp_path))
+    overlap = Overlap(saver.copied)
+    try:
+        defer = overlap.defer(objects, False)
+        assert defer and len(defer) >= 8
+        handle = saver.save(objects, step=1, defer=defer)
+        assert saver.deferred is not None and saver.deferred.cuda_done
+        step()
+        handle.wait()
+    finally:
+        saver.close()
+        overlap.close()
+    got = load(str(tmp_path), target_device="cpu").state["model"]
+    assert {k: torch.equal(got[k], v) for k, v in want.items()} == dict.fromkeys(want, True)

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.integration
 EXIT_CHECKPOINTED = 85
 SCRIPT = "train_explicit.py"
 
+OVERLAP = {"FERRY_EVERY_STEPS": "3", "FERRY_OVERLAP_SNAPSHOT": "1"}
 # (id, training args, interruption args, extra env)
 CASES = [
     ("shuffle-dropout-adamw-steplr-mid-epoch", [], ["--signal-at", "17"], {}),
@@ -47,6 +48,9 @@ CASES = [
     ("wall-clock-then-crash", ["--sleep", "0.03"], ["--kill-at", "25"], {"FERRY_EVERY_SECONDS": "0.25"}),
     ("signal-during-async-save", ["--state-mb", "16"], ["--signal-at", "17"], {"FERRY_EVERY_STEPS": "2"}),
     ("second-signal-during-stop", [], ["--signal-at", "17", "--signal-twice"], {}),
+    # The parameters and the optimizer's state (1 MiB tensors) copied during the next step.
+    ("overlap-every-3-steps-then-crash", ["--width", "32768"], ["--kill-at", "23"], OVERLAP),
+    ("overlap-accumulation2-signal", ["--width", "32768", "--accum", "2"], ["--signal-at", "18"], OVERLAP),
     ("sigterm-to-process-group-workers2", ["--workers", "2"], ["--killpg-at", "17"], {}),
 ]
 

@@ -136,7 +136,7 @@ class DiesAtCommit:
 
 def save_without_commit(root: str, state: Any, step: int) -> None:
     flat = flatten(state)
-    host, _ = snapshot(flat, HostBuffer())
+    host, _, _ = snapshot(flat, HostBuffer())
     with pytest.raises(Died):
         persist(DiesAtCommit(open_storage(root)), flat, byte_view(host), step)
 

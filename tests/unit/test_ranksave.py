@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from copygate import CopyGate
 
 from ferry.engine import list_checkpoints, load
 from ferry.engine.persist import CheckpointInfo
@@ -111,3 +112,42 @@ def test_a_blocking_save_raises_its_failure_on_every_rank(tmp_path: Path) -> Non
     assert ranks.errors == [[], []] and ranks.listed() == []  # a blocking save's error is its caller's
     for saver in ranks.savers:
         saver.close()
+
+
+def test_deferred_copies_are_waited_for_and_a_tensor_changed_first_fails_every_rank(
+    tmp_path: Path, copy_gate: CopyGate
+) -> None:
+    """``overlap_snapshot``: each rank's part is written once its deferred copies are done;
+    a rank whose deferred tensor changed before ``copied`` fails the save on all ranks."""
+    ranks = Ranks(tmp_path)
+    big = [torch.full((1 << 18,), float(r)) for r in (0, 1)]  # 1 MiB: not packed at the safe point
+
+    def save(step: int) -> None:
+        for r in (0, 1):
+            defer = {big[r].data_ptr(): f"rank {r}'s weight"}
+            ranks.savers[r].save({"big": big[r], "step": step}, name=f"s{step}", step=step, defer=defer)
+
+    copy_gate.open()
+    save(1)
+    for r in (0, 1):
+        assert ranks.savers[r].copied() is None
+        big[r].add_(10)  # the optimizer's step, after the copies
+    for saver in ranks.savers:
+        saver.wait()
+    assert ranks.listed() == [1]
+    loaded = load(str(tmp_path))
+    assert torch.equal(loaded.state["big"], torch.zeros(1 << 18))
+    assert torch.equal(rank_part(loaded, 1)["big"], torch.ones(1 << 18))
+
+    copy_gate.close()
+    save(2)
+    big[1].mul_(2)  # rank 1 changes it before its copies were waited for
+    copy_gate.open()
+    assert ranks.savers[0].copied() is None
+    assert "rank 1's weight changed in place" in str(ranks.savers[1].copied())
+    for saver in ranks.savers:
+        saver.wait()
+    assert ranks.listed() == [1]
+    for r in (0, 1):
+        (error,) = ranks.errors[r]
+        assert error.startswith("2: the checkpoint of step 2 was not committed: rank 1: rank 1's weight")

@@ -129,6 +129,15 @@ The job directory layout and the restart rules: docs/jobs.md.""",
     "since the checkpoint (refused otherwise: the saved position would mean other samples).",
 )
 @click.option(
+    "--overlap-snapshot",
+    is_flag=True,
+    envvar="FERRY_OVERLAP_SNAPSHOT",
+    show_envvar=True,
+    help="Copy the parameters an optimizer updates, and its state, while the next forward and "
+    "backward run; its next step() waits for the copies. For scripts that change those only in "
+    "step() (a checkpoint that finds otherwise fails, and the overlap turns off).",
+)
+@click.option(
     "--no-autotrack",
     is_flag=True,
     help="No zero-code hooks: for scripts that use ferry's explicit API, or none at all.",
@@ -150,6 +159,7 @@ def run_cmd(
     backoff: float,
     env_pairs: tuple[str, ...],
     allow_changed_inputs: bool,
+    overlap_snapshot: bool,
     no_autotrack: bool,
     as_json: bool,
     command: tuple[str, ...],
@@ -168,6 +178,7 @@ def run_cmd(
         backoff_seconds=backoff,
         autotrack=not no_autotrack,
         allow_changed_inputs=allow_changed_inputs,
+        overlap_snapshot=overlap_snapshot,
         env=_env_pairs(env_pairs),
     )
     supervisor = Supervisor(command, options)

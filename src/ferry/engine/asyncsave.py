@@ -18,11 +18,14 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import torch
+
 from ferry.engine.catalog import apply_retention
+from ferry.engine.deferred import Deferred, OverlapBroken
 from ferry.engine.format import Flattened, flatten
 from ferry.engine.gcpause import paused_gc
 from ferry.engine.persist import CheckpointInfo, check_step, persist
@@ -79,6 +82,24 @@ class InflightSaves:
         self._inflight: SaveHandle | None = None
         self._lock = threading.Lock()
         """Guards ``_inflight`` where saves may come from more than one thread."""
+        self.deferred: Deferred | None = None
+        """The copies the last snapshot left running (``overlap_snapshot``), if any."""
+
+    def copied(self) -> OverlapBroken | None:
+        """On the training thread, before anything changes the deferred tensors (an
+        optimizer step): wait until the last snapshot's copies are done. Returns the broken
+        contract (``ferry.engine.deferred``), which also fails that save."""
+        deferred = self.deferred
+        failed = None if deferred is None else deferred.wait(training=True)
+        return failed if isinstance(failed, OverlapBroken) else None  # the save reports the rest
+
+    def deferred_snapshot(
+        self, flat: Flattened, defer: Mapping[int, str] | None
+    ) -> tuple[torch.Tensor, int, Deferred | None]:
+        """``snapshot`` into the reused buffer; the copies it leaves running are the ones
+        ``copied`` waits for from now on."""
+        host, size, self.deferred = snapshot(flat, self._buffer, defer)
+        return host, size, self.deferred
 
     def _start(self, work: Callable[[], CheckpointInfo], step: int, reported: threading.Event) -> SaveHandle:
         """Run ``work`` on the persisting thread: the save in flight from now on."""
@@ -135,9 +156,11 @@ class AsyncSaver(InflightSaves):
 
     def save(self, state: Any, *, step: int, meta: dict[str, Any] | None = None,
              extra_files: dict[str, bytes] | None = None, blocking: bool = False,
-             mirror: Mirror | None = None) -> SaveHandle:  # fmt: skip
+             mirror: Mirror | None = None, defer: Mapping[int, str] | None = None) -> SaveHandle:  # fmt: skip
         """Snapshot ``state`` now, persist it in the background. ``blocking=True`` waits.
-        ``mirror`` writes a second copy of the same snapshot meanwhile (module docstring)."""
+        ``mirror`` writes a second copy of the same snapshot meanwhile (module docstring).
+        ``defer``: tensors whose copies may go on after this returns (``snapshot``; not with
+        ``blocking`` or a ``mirror``); the caller calls ``copied`` before changing them."""
         check_step(step)
         meta, extra_files = _frozen(meta), {k: bytes(v) for k, v in (extra_files or {}).items()}
         with self._lock:
@@ -145,7 +168,8 @@ class AsyncSaver(InflightSaves):
             t0 = time.perf_counter()
             with paused_gc():
                 flat = flatten(state)
-                host, size = snapshot(flat, self._buffer)
+                later = None if blocking or mirror is not None else defer
+                host, size, deferred = self.deferred_snapshot(flat, later)
             blocked = time.perf_counter() - t0
             view = byte_view(host)
             # A blocking save's error goes to its caller; a background one's to on_error.
@@ -156,13 +180,16 @@ class AsyncSaver(InflightSaves):
                 total = size + sum(len(blob) for blob in extra_files.values())
                 copy = None if mirror is None else _start_mirror(mirror, flat, view, step)
                 try:
+                    if deferred is not None and (broken := deferred.wait()) is not None:
+                        raise broken
                     with counting(self.tally, step, total):
                         name = persist(self.storage, flat, view, step, meta=meta, extra_files=extra_files)
                     if self.keep_last:
                         apply_retention(self.storage, self.keep_last, self.keep_every)
                     # The checkpoint's own time: the mirror's wait below is not its.
+                    waited = 0.0 if deferred is None else deferred.waited
                     info = CheckpointInfo(self.storage.child_url(name), step, size,
-                                          time.perf_counter() - t0, blocked)  # fmt: skip
+                                          time.perf_counter() - t0, blocked + waited)  # fmt: skip
                 except Exception as exc:
                     if report is not None:
                         report(step, exc)

@@ -25,10 +25,10 @@ import torch
 
 from ferry.engine import sharded
 from ferry.engine.catalog import split_url
-from ferry.engine.format import Flattened, flatten, unflatten
+from ferry.engine.format import Flattened, unflatten
 from ferry.engine.manifest import parse_part
 from ferry.engine.reader import Loaded, read_arrays, read_file
-from ferry.engine.snapshot import HostBuffer, byte_view, snapshot
+from ferry.engine.snapshot import byte_view
 from ferry.errors import CorruptCheckpointError, FerryError, StorageError
 from ferry.storage import Transaction
 from ferry.storage.hashed import hash_file
@@ -46,15 +46,8 @@ def rank_files_prefix(rank: int) -> str:
     return "" if rank == 0 else f"rank-{rank}/"
 
 
-def snapshot_part(state: Any, buffer: HostBuffer) -> tuple[Flattened, torch.Tensor, int]:
-    """This rank's part copied into ``buffer``: after this, training may change the state."""
-    flat = flatten(state)
-    host, size = snapshot(flat, buffer)
-    return flat, host, size
-
-
 def write_part(txn: Transaction, rank: int, flat: Flattened, host: torch.Tensor) -> int:
-    """Write this rank's snapshot (``snapshot_part``) into the checkpoint; returns its bytes.
+    """Write this rank's snapshot (``RankSaver.save``) into the checkpoint; returns its bytes.
     Rank 0's tensors are listed in the manifest, another rank's in its ``rank-R.json``."""
     data = "data-0.bin" if rank == 0 else f"rank-{rank}.bin"
     for entry in flat.entries:

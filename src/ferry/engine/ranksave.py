@@ -32,7 +32,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -40,9 +40,10 @@ import torch
 
 from ferry.engine.asyncsave import InflightSaves, SaveHandle, _frozen
 from ferry.engine.catalog import apply_retention
-from ferry.engine.format import Flattened, manifest_bytes
+from ferry.engine.deferred import Deferred
+from ferry.engine.format import Flattened, flatten, manifest_bytes
 from ferry.engine.persist import CheckpointInfo, build_manifest, check_step, next_name
-from ferry.engine.ranks import failure, rank_files_prefix, snapshot_part, write_part, write_sharded
+from ferry.engine.ranks import failure, rank_files_prefix, write_part, write_sharded
 from ferry.errors import FerryError, StorageError
 from ferry.knobs import RANK_SAVE_TIMEOUT_SECONDS
 from ferry.progress import Tally, counting
@@ -86,6 +87,8 @@ class _Snapshot:
     """Seconds the snapshot took: all a background save blocks training for."""
     blocking: bool
     """The caller waits for the commit: it is blocked for the whole save."""
+    deferred: Deferred | None
+    """The copies the snapshot left running (``overlap_snapshot``)."""
 
 
 def _dump(value: dict[str, Any]) -> bytes:
@@ -121,19 +124,21 @@ class RankSaver(InflightSaves):
 
     def save(self, state: Any, *, name: str, step: int, meta: dict[str, Any] | None = None,
              extra_files: dict[str, bytes] | None = None, shards: dict[str, Any] | None = None,
-             shard_group: Any = None, blocking: bool = False) -> SaveHandle:  # fmt: skip
+             shard_group: Any = None, blocking: bool = False,
+             defer: Mapping[int, str] | None = None) -> SaveHandle:  # fmt: skip
         """Every rank calls this at the same step with the same ``name`` (new for each save),
         its own ``state`` and ``extra_files``, and the sharded state staged by
         ``sharded.stage`` in ``shards`` (with the group its collectives run on). Waits for
         the previous save's outcome, snapshots, and returns; ``blocking=True`` waits for the
-        commit and raises the save's error."""
+        commit and raises the save's error. ``defer``: as ``AsyncSaver.save``'s."""
         check_step(step)
         meta, extra = _frozen(meta), {k: bytes(v) for k, v in (extra_files or {}).items()}
         self.wait()  # one save in flight; the snapshot buffer is free after it
         t0 = time.perf_counter()
-        flat, host, size = snapshot_part(state, self._buffer)
+        flat = flatten(state)
+        host, size, deferred = self.deferred_snapshot(flat, None if blocking else defer)
         snap = _Snapshot(name, step, flat, host, size, meta, extra, shards, shard_group, t0,
-                         time.perf_counter() - t0, blocking)  # fmt: skip
+                         time.perf_counter() - t0, blocking, deferred)  # fmt: skip
         reported = threading.Event()
         report = None if blocking else self.on_error
 
@@ -182,7 +187,8 @@ class RankSaver(InflightSaves):
         if "error" in outcome:
             raise StorageError(f"the checkpoint of step {snap.step} was not committed: {outcome['error']}")
         seconds = time.perf_counter() - snap.t0
-        blocked = seconds if snap.blocking else snap.blocked
+        waited = 0.0 if snap.deferred is None else snap.deferred.waited
+        blocked = seconds if snap.blocking else snap.blocked + waited
         return CheckpointInfo(str(outcome["url"]), snap.step, int(outcome["bytes"]), seconds, blocked)
 
     def _plan(self, snap: _Snapshot) -> Transaction:
@@ -211,6 +217,8 @@ class RankSaver(InflightSaves):
             size = 0
             if snap.shards:  # first: its collectives must not wait for a rank's own failure
                 size += write_sharded(txn, self.rank, snap.shards, snap.shard_group)
+            if snap.deferred is not None and (broken := snap.deferred.wait()) is not None:
+                raise broken
             size += write_part(txn, self.rank, snap.flat, snap.host)
             prefix = rank_files_prefix(self.rank)
             for rel, blob in snap.extra_files.items():

@@ -40,7 +40,7 @@ def save(
         # Nothing runs while a synchronous save writes: host tensors go out without a copy.
         direct = direct_segments(flat)
         if direct is None:
-            host, size = snapshot(flat, HostBuffer())
+            host, size, _ = snapshot(flat, HostBuffer())
             data: memoryview | Iterator[memoryview] = byte_view(host)
         else:
             data, size = direct

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeGuard
 
 import numpy as np
 import torch
 
+from ferry.engine.deferred import Deferred
 from ferry.engine.format import ALIGN, Flattened, TensorEntry, layout, torch_dtype
 from ferry.errors import bug
 from ferry.knobs import WRITE_BOUNCE_BYTES, WRITE_SMALL_BYTES
@@ -75,6 +76,19 @@ def _host_bytes(arr: torch.Tensor | np.ndarray) -> np.ndarray | None:
     return arr.detach().reshape(-1).view(torch.uint8).numpy()
 
 
+def _pieces(jobs: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each (destination, source) cut into ``COPY_CHUNK`` pieces."""
+    step = COPY_CHUNK
+    return [(d[a : a + step], s[a : a + step]) for d, s in jobs for a in range(0, len(s), step)]
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _copy_pool
+    if _copy_pool is None:
+        _copy_pool = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="ferry-snapshot")
+    return _copy_pool
+
+
 def _copy_host(jobs: list[tuple[np.ndarray, np.ndarray]]) -> None:
     """memcpy host -> host in 8 MiB pieces on a few threads (numpy releases the GIL).
 
@@ -82,18 +96,19 @@ def _copy_host(jobs: list[tuple[np.ndarray, np.ndarray]]) -> None:
     node) delays its own piece only; torch's intra-op copy splits each tensor evenly over
     its threads and waits for the slowest, which doubled the snapshot time on a loaded
     2-core machine."""
-    global _copy_pool
-    pieces = [
-        (d[a : a + COPY_CHUNK], s[a : a + COPY_CHUNK]) for d, s in jobs for a in range(0, len(s), COPY_CHUNK)
-    ]
+    pieces = _pieces(jobs)
     if COPY_THREADS == 1 or len(pieces) < 2:
         for d, s in pieces:
             np.copyto(d, s)
         return
-    if _copy_pool is None:
-        _copy_pool = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="ferry-snapshot")
-    for fut in [submit(_copy_pool, np.copyto, d, s) for d, s in pieces]:
+    for fut in _start_host(pieces):
         fut.result()
+
+
+def _start_host(pieces: list[tuple[np.ndarray, np.ndarray]]) -> list[Future[None]]:
+    """The pieces' copies, queued on the copy threads."""
+    pool = _pool()
+    return [submit(pool, np.copyto, d, s) for d, s in pieces]
 
 
 PACK_MAX = WRITE_SMALL_BYTES
@@ -125,15 +140,24 @@ def _packable(arr: torch.Tensor | np.ndarray, entry: TensorEntry) -> TypeGuard[t
     )
 
 
-def snapshot(flat: Flattened, buffer: HostBuffer) -> tuple[torch.Tensor, int]:
-    """Copy every array of ``flat`` into ``buffer``; returns (flat bytes, size). The gaps
-    between arrays are zeroed (the buffer is reused from save to save)."""
+def snapshot(
+    flat: Flattened, buffer: HostBuffer, defer: Mapping[int, str] | None = None
+) -> tuple[torch.Tensor, int, Deferred | None]:
+    """Copy every array of ``flat`` into ``buffer``; returns (flat bytes, size, the copies
+    left running). The gaps between arrays are zeroed (the buffer is reused from save to
+    save).
+
+    ``defer`` (``overlap_snapshot``): the tensors, by ``data_ptr``, with their names, that
+    only an optimizer's step changes. Those of them big enough to matter are copied after
+    this returns (``ferry.engine.deferred``): the bytes are the snapshot's only once the
+    returned ``Deferred`` was waited for."""
     size = layout(flat.entries)
     on_cuda = any(e.device.startswith("cuda") for e in flat.entries)
     host = buffer.get(size, pinned=on_cuda)
     host_np = host.numpy()
     base = host.data_ptr()
     jobs: list[tuple[np.ndarray, np.ndarray]] = []
+    later = _Later() if defer else None
     pos = 0
     for entry, arr in zip(flat.entries, flat.arrays, strict=True):
         nbytes = entry.nbytes
@@ -145,6 +169,8 @@ def snapshot(flat: Flattened, buffer: HostBuffer) -> tuple[torch.Tensor, int]:
         pos = offset + nbytes
         if _packable(arr, entry):
             ctypes.memmove(base + offset, arr.data_ptr(), nbytes)
+            continue
+        if later is not None and defer is not None and later.take(arr, defer, host[offset:pos]):
             continue
         src = _host_bytes(arr)
         if src is not None:
@@ -161,7 +187,62 @@ def snapshot(flat: Flattened, buffer: HostBuffer) -> tuple[torch.Tensor, int]:
     # not only the current one, before the buffer counts as the snapshot.
     for device in cuda_devices(flat.arrays) if on_cuda else ():
         torch.cuda.synchronize(device)
-    return host, size
+    return host, size, None if later is None else later.start()
+
+
+class _Later:
+    """The deferred part of one snapshot, gathered while the rest is copied."""
+
+    def __init__(self) -> None:
+        self.host: list[tuple[np.ndarray, np.ndarray]] = []
+        self.cuda: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.versions: list[tuple[str, torch.Tensor, int]] = []
+
+    def take(self, arr: torch.Tensor | np.ndarray, defer: Mapping[int, str], dst: torch.Tensor) -> bool:
+        """Defer ``arr``'s copy into ``dst`` if it is one of ``defer``'s: a plain dense
+        tensor (a subclass may keep its values elsewhere) on the host or a GPU."""
+        if type(arr) is not torch.Tensor and type(arr) is not torch.nn.Parameter:
+            return False
+        name = defer.get(arr.data_ptr())
+        if name is None or not arr.is_contiguous() or arr.is_conj() or arr.is_neg():
+            return False
+        if arr.is_cuda:
+            self.cuda.append((dst, arr))
+        elif arr.is_cpu:
+            self.host.append((dst.numpy(), arr.detach().reshape(-1).view(torch.uint8).numpy()))
+        else:
+            return False
+        self.versions.append((name, arr, arr._version))
+        return True
+
+    def start(self) -> Deferred:
+        """Queue the copies: host ones on the copy threads, each GPU's on a side stream that
+        first waits for the work already queued on the device's current stream."""
+        done = []
+        by_device: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        for dst, src in self.cuda:
+            by_device.setdefault(src.device, []).append((dst, src))
+        for device, copies in by_device.items():
+            side = _side_stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for dst, src in copies:
+                    dst.view(src.dtype).view(src.shape).copy_(src, non_blocking=True)
+                    src.record_stream(side)  # its memory is not reused before the copy ran
+                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                event.record(side)
+            done.append(event)
+        return Deferred(_start_host(_pieces(self.host)), done, self.versions)
+
+
+_side_streams: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    stream = _side_streams.get(device)
+    if stream is None:
+        stream = _side_streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+    return stream
 
 
 def cuda_devices(arrays: list[torch.Tensor | np.ndarray]) -> set[torch.device]:

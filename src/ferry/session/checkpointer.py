@@ -24,6 +24,7 @@ from ferry.runtime.distributed import (
     replicated,
 )
 from ferry.session import agreement
+from ferry.session.overlap import Overlap
 from ferry.session.policy import SafePoint, Wish
 from ferry.state.training import TrainingState
 
@@ -101,6 +102,7 @@ class LocalCheckpointer:
             on_error=on_error,
             tally=tally,
         )
+        self.overlap = Overlap(self.saver.copied) if config.overlap_snapshot else None
 
     @property
     def leads(self) -> bool:
@@ -140,6 +142,7 @@ class LocalCheckpointer:
             extra_files=extra_files,
             blocking=blocking,
             mirror=None if not where else functools.partial(handoff.leave, where),
+            defer=None if self.overlap is None else self.overlap.defer(objects, blocking),
         )
         return handle.result() if blocking else None
 
@@ -147,7 +150,11 @@ class LocalCheckpointer:
         self.saver.wait()
 
     def close(self) -> None:
-        self.saver.close()
+        try:
+            self.saver.close()
+        finally:
+            if self.overlap is not None:
+                self.overlap.close()
 
 
 class RankedCheckpointer:
@@ -177,6 +184,7 @@ class RankedCheckpointer:
             on_error=on_error,
             tally=tally,
         )
+        self.overlap = Overlap(self.saver.copied) if config.overlap_snapshot else None
         self._abort = AbortOnCrash(self.rank)
         self._teardown = WaitBeforeTeardown(self.wait)
         self._next = 0  # the step of the next agreement
@@ -250,6 +258,7 @@ class RankedCheckpointer:
             shards=staged,
             shard_group=self._shard_group,
             blocking=blocking,
+            defer=None if self.overlap is None else self.overlap.defer(objects, blocking),
         )
         return handle.result() if blocking else None
 
@@ -262,5 +271,7 @@ class RankedCheckpointer:
         try:
             self.saver.close()
         finally:
+            if self.overlap is not None:
+                self.overlap.close()
             self._teardown.remove()
             self._abort.disarm()

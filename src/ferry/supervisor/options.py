@@ -79,6 +79,9 @@ class RunOptions:
     allow_changed_inputs: bool = False
     """Resume even when a loader's batch size, dataset length, sampler or drop_last changed
     since the checkpoint (FERRY_ALLOW_CHANGED_INPUTS); the worker refuses otherwise."""
+    overlap_snapshot: bool = False
+    """Copy what an optimizer's step changes while the next step runs (FERRY_OVERLAP_SNAPSHOT;
+    docs/api.md); off: the worker's own FERRY_OVERLAP_SNAPSHOT stands."""
     stop_signals: tuple[str, ...] = ("SIGTERM", "SIGINT", "SIGUSR1")
     """Signals that mean "checkpoint and stop": the worker is told so (FERRY_STOP_SIGNALS),
     and the supervisor starts the grace period when it forwards one."""
@@ -114,6 +117,7 @@ class RunOptions:
             "stop_signals": self.stop_signals,
             "grace_seconds": self.grace_seconds,
             "allow_changed_inputs": self.allow_changed_inputs or None,
+            "overlap_snapshot": self.overlap_snapshot or None,
         }
         return {k: v for k, v in settings.items() if v is not None}
 

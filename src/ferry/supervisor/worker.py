@@ -43,8 +43,9 @@ def user_env(
     supervisor's), the options', ``--env``, a restart request's (None: unset)."""
     env = dict(base)
     given = [name for name in _FROM_OPTIONS if getattr(options, name) is not None]
-    if options.allow_changed_inputs:  # off: the worker's own FERRY_ALLOW_CHANGED_INPUTS stands
-        given.append("allow_changed_inputs")
+    # Flags that are off leave the worker's own FERRY_ALLOW_CHANGED_INPUTS and
+    # FERRY_OVERLAP_SNAPSHOT as they are.
+    given += [name for name in ("allow_changed_inputs", "overlap_snapshot") if getattr(options, name)]
     env.update(options.worker_config().to_env(given))
     env.update(options.env)
     for key, value in restart_env.items():

@@ -44,6 +44,7 @@ def main() -> None:
     p.add_argument("--optim", default="adamw", choices=["adamw", "sgd"])
     p.add_argument("--sched", default="step", choices=["step", "onecycle", "none"])
     p.add_argument("--accum", type=int, default=1)
+    p.add_argument("--width", type=int, default=32, help="hidden units (32768: 1 MiB tensors)")
     p.add_argument("--signal-at", type=int, default=-1, help="send SIGUSR1 to self at this step")
     p.add_argument("--request-at", type=int, default=-1, help="ferry.checkpoint(stop=True) here")
     p.add_argument("--sleep", type=float, default=0.0)
@@ -60,7 +61,8 @@ def main() -> None:
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(args.dropout), nn.Linear(32, 1))
+    hidden = args.width
+    model = nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Dropout(args.dropout), nn.Linear(hidden, 1))
     if args.optim == "adamw":
         opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     else:

@@ -1,0 +1,94 @@
+"""The part of a snapshot copied after the safe point (``overlap_snapshot``).
+
+At the safe point the snapshot copies what training may change at any time (buffers,
+gradients, RNG states, the loop's own values) and leaves the tensors that only an
+optimizer's ``step()`` changes (the parameters it updates and its state) to copies that run
+meanwhile: on ferry's copy threads for host memory, on a side CUDA stream for a GPU's. The
+training thread goes on with the next forward and backward; the next ``optimizer.step()``
+waits until those copies are done (``Deferred.wait``, from an optimizer step pre-hook).
+
+The contract is checked rather than trusted: each deferred tensor's version counter (which
+every in-place torch op bumps) is noted at the safe point and compared once its copy is
+done. A tensor changed meanwhile fails the checkpoint (``OverlapBroken``), never a
+checkpoint of mixed steps committed. Writes through ``.data`` bump no counter and are not
+seen: code that does them before its optimizer step must leave the overlap off.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from ferry.errors import UnsupportedStateError
+
+
+class OverlapBroken(UnsupportedStateError):
+    """A deferred tensor changed before its copy was done: the snapshot is not one step's."""
+
+    def __init__(self, message: str, changed: str) -> None:
+        super().__init__(message)
+        self.changed = changed
+        """The name of a tensor that changed."""
+
+
+@dataclass
+class Deferred:
+    """The copies a snapshot left running, and what each tensor's version was at the safe
+    point. ``wait`` is called from the training thread (before an optimizer step) and from
+    the writing thread (before the bytes are written); whichever comes first waits for the
+    copies and checks the versions, once."""
+
+    host_copies: list[Future[None]] = field(default_factory=list)
+    cuda_done: list[torch.cuda.Event] = field(default_factory=list)
+    versions: list[tuple[str, torch.Tensor, int]] = field(default_factory=list)
+    """(name, tensor, its version at the safe point)."""
+    waited: float = 0.0
+    """Seconds the training thread waited here: part of what the save blocked training."""
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _error: Exception | None = None
+    _done: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def wait(self, *, training: bool = False) -> Exception | None:
+        """Until the copies are done and checked; what makes the bytes no snapshot, if
+        anything: ``OverlapBroken``, or a copy's own failure. ``training``: the caller is
+        the training thread, whose wait counts as blocked."""
+        if self._done:
+            return self._error
+        start = time.perf_counter()
+        with self._lock:
+            if not self._done:
+                try:
+                    for fut in self.host_copies:
+                        fut.result()
+                    for event in self.cuda_done:
+                        event.synchronize()
+                except Exception as exc:  # any: the save fails with it, on the writing thread
+                    self._error = exc
+                else:
+                    self._error = _changed(self.versions)
+                self._done = True
+        if training:
+            self.waited += time.perf_counter() - start
+        return self._error
+
+
+def _changed(versions: Sequence[tuple[str, torch.Tensor, int]]) -> OverlapBroken | None:
+    changed = [name for name, t, v in versions if t._version != v]
+    if not changed:
+        return None
+    more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
+    return OverlapBroken(
+        f"{changed[0]}{more} changed in place between the safe point and the optimizer's next "
+        "step, while overlap_snapshot copies it: the checkpoint could mix two steps and was not "
+        "committed",
+        changed[0],
+    )
