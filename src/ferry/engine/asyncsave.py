@@ -94,7 +94,7 @@ class InflightSaves:
         return failed if isinstance(failed, OverlapBroken) else None  # the save reports the rest
 
     def deferred_snapshot(
-        self, flat: Flattened, defer: Mapping[int, str] | None
+        self, flat: Flattened, defer: Mapping[int, object] | None
     ) -> tuple[torch.Tensor, int, Deferred | None]:
         """``snapshot`` into the reused buffer; the copies it leaves running are the ones
         ``copied`` waits for from now on."""
@@ -156,7 +156,8 @@ class AsyncSaver(InflightSaves):
 
     def save(self, state: Any, *, step: int, meta: dict[str, Any] | None = None,
              extra_files: dict[str, bytes] | None = None, blocking: bool = False,
-             mirror: Mirror | None = None, defer: Mapping[int, str] | None = None) -> SaveHandle:  # fmt: skip
+             mirror: Mirror | None = None,
+             defer: Mapping[int, object] | None = None) -> SaveHandle:  # fmt: skip
         """Snapshot ``state`` now, persist it in the background. ``blocking=True`` waits.
         ``mirror`` writes a second copy of the same snapshot meanwhile (module docstring).
         ``defer``: tensors whose copies may go on after this returns (``snapshot``; not with

@@ -45,8 +45,8 @@ class Deferred:
 
     host_copies: list[Future[None]] = field(default_factory=list)
     cuda_done: list[torch.cuda.Event] = field(default_factory=list)
-    versions: list[tuple[str, torch.Tensor, int]] = field(default_factory=list)
-    """(name, tensor, its version at the safe point)."""
+    versions: list[tuple[object, torch.Tensor, int]] = field(default_factory=list)
+    """(what names it, as ``str``; the tensor; its version at the safe point)."""
     waited: float = 0.0
     """Seconds the training thread waited here: part of what the save blocked training."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -81,8 +81,8 @@ class Deferred:
         return self._error
 
 
-def _changed(versions: Sequence[tuple[str, torch.Tensor, int]]) -> OverlapBroken | None:
-    changed = [name for name, t, v in versions if t._version != v]
+def _changed(versions: Sequence[tuple[object, torch.Tensor, int]]) -> OverlapBroken | None:
+    changed = [str(name) for name, t, v in versions if t._version != v]
     if not changed:
         return None
     more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""

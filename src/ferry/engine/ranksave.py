@@ -125,7 +125,7 @@ class RankSaver(InflightSaves):
     def save(self, state: Any, *, name: str, step: int, meta: dict[str, Any] | None = None,
              extra_files: dict[str, bytes] | None = None, shards: dict[str, Any] | None = None,
              shard_group: Any = None, blocking: bool = False,
-             defer: Mapping[int, str] | None = None) -> SaveHandle:  # fmt: skip
+             defer: Mapping[int, object] | None = None) -> SaveHandle:  # fmt: skip
         """Every rank calls this at the same step with the same ``name`` (new for each save),
         its own ``state`` and ``extra_files``, and the sharded state staged by
         ``sharded.stage`` in ``shards`` (with the group its collectives run on). Waits for

@@ -141,16 +141,16 @@ def _packable(arr: torch.Tensor | np.ndarray, entry: TensorEntry) -> TypeGuard[t
 
 
 def snapshot(
-    flat: Flattened, buffer: HostBuffer, defer: Mapping[int, str] | None = None
+    flat: Flattened, buffer: HostBuffer, defer: Mapping[int, object] | None = None
 ) -> tuple[torch.Tensor, int, Deferred | None]:
     """Copy every array of ``flat`` into ``buffer``; returns (flat bytes, size, the copies
     left running). The gaps between arrays are zeroed (the buffer is reused from save to
     save).
 
-    ``defer`` (``overlap_snapshot``): the tensors, by ``data_ptr``, with their names, that
-    only an optimizer's step changes. Those of them big enough to matter are copied after
-    this returns (``ferry.engine.deferred``): the bytes are the snapshot's only once the
-    returned ``Deferred`` was waited for."""
+    ``defer`` (``overlap_snapshot``): the tensors, by ``data_ptr``, that only an optimizer's
+    step changes, each with what names it in a message (its ``str``). Those of them big
+    enough to matter are copied after this returns (``ferry.engine.deferred``): the bytes
+    are the snapshot's only once the returned ``Deferred`` was waited for."""
     size = layout(flat.entries)
     on_cuda = any(e.device.startswith("cuda") for e in flat.entries)
     host = buffer.get(size, pinned=on_cuda)
@@ -196,9 +196,9 @@ class _Later:
     def __init__(self) -> None:
         self.host: list[tuple[np.ndarray, np.ndarray]] = []
         self.cuda: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.versions: list[tuple[str, torch.Tensor, int]] = []
+        self.versions: list[tuple[object, torch.Tensor, int]] = []
 
-    def take(self, arr: torch.Tensor | np.ndarray, defer: Mapping[int, str], dst: torch.Tensor) -> bool:
+    def take(self, arr: torch.Tensor | np.ndarray, defer: Mapping[int, object], dst: torch.Tensor) -> bool:
         """Defer ``arr``'s copy into ``dst`` if it is one of ``defer``'s: a plain dense
         tensor (a subclass may keep its values elsewhere) on the host or a GPU."""
         if type(arr) is not torch.Tensor and type(arr) is not torch.nn.Parameter:
