@@ -7,12 +7,13 @@ costs, how fast a stop ends every rank.
    every 10 steps. The blocked time is the saving step's safe point plus the next
    optimizer step's wait for the copies that ``overlap_snapshot`` left running, the
    longest over the ranks (after one untimed save of each kind: the host buffer of the
-   snapshots is allocated once, then reused). Three kinds of save take turns, each waiting for the previous commit:
-   asynchronous (the default), asynchronous with ``overlap_snapshot``, synchronous.
+   snapshots is allocated once, then reused). Three kinds of save take turns, each
+   waiting for the previous commit: asynchronous (the default), asynchronous with
+   ``overlap_snapshot``, synchronous.
    Goal: median async / median sync <= 0.1; the overlap's ratio is reported beside it.
 2. Per-step overhead of the ranks' agreement: data-parallel steps of 5, 20 and 100 ms
    (a sleep, the same length on both ranks on a shared machine, then a gradient
-   all-reduce of 4 KiB), nothing due: plain (no ferry); under ferry with the agreement off
+   all-reduce of 4 KiB and the optimizer's step), nothing due: plain (no ferry); under ferry with the agreement off
    (its safe point every step, the ranks never agreeing) and on (as scheduled); and plain
    with one more gloo all-reduce per step (how ferry agreed before), timed in short chunks
    of each kind in turn (0.3-0.5 s each; 8, 6 and 3 chunks a round: the shorter the step,
