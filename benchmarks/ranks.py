@@ -13,11 +13,11 @@ costs, how fast a stop ends every rank.
    Goal: median async / median sync <= 0.1; the overlap's ratio is reported beside it.
 2. Per-step overhead of the ranks' agreement: data-parallel steps of 5, 20 and 100 ms
    (a sleep, the same length on both ranks on a shared machine, then a gradient
-   all-reduce of 4 KiB and the optimizer's step), nothing due: plain (no ferry); under ferry with the agreement off
-   (its safe point every step, the ranks never agreeing) and on (as scheduled); and plain
-   with one more gloo all-reduce per step (how ferry agreed before), timed in short chunks
-   of each kind in turn (0.3-0.5 s each; 8, 6 and 3 chunks a round: the shorter the step,
-   the noisier a chunk). Goal: agreement on / off <= 1.01.
+   all-reduce of 4 KiB and the optimizer's step), nothing due: plain (no ferry); under
+   ferry with the agreement off (its safe point every step, the ranks never agreeing) and
+   on (as scheduled); and plain with one more gloo all-reduce per step (how ferry agreed
+   before), timed in short chunks of each kind in turn (0.3-0.5 s each; 8, 6 and 3 chunks
+   a round: the shorter the step, the noisier a chunk). Goal: agreement on / off <= 1.01.
 3. Stop latency: a fresh job per round; after a warm-up (a first save committed) SIGUSR1
    goes to rank 1 alone; the time until every rank has exited, each with 85.
 
