@@ -181,8 +181,8 @@ class AsyncSaver(InflightSaves):
                 total = size + sum(len(blob) for blob in extra_files.values())
                 copy = None if mirror is None else _start_mirror(mirror, flat, view, step)
                 try:
-                    if deferred is not None and (broken := deferred.wait()) is not None:
-                        raise broken
+                    if deferred is not None:
+                        deferred.check()
                     with counting(self.tally, step, total):
                         name = persist(self.storage, flat, view, step, meta=meta, extra_files=extra_files)
                     if self.keep_last:

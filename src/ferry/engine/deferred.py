@@ -53,10 +53,6 @@ class Deferred:
     _error: Exception | None = None
     _done: bool = False
 
-    @property
-    def done(self) -> bool:
-        return self._done
-
     def wait(self, *, training: bool = False) -> Exception | None:
         """Until the copies are done and checked; what makes the bytes no snapshot, if
         anything: ``OverlapBroken``, or a copy's own failure. ``training``: the caller is
@@ -79,6 +75,13 @@ class Deferred:
         if training:
             self.waited += time.perf_counter() - start
         return self._error
+
+    def check(self) -> None:
+        """On the writing thread, before the bytes are written: ``wait``, and raise what
+        makes them no snapshot."""
+        failed = self.wait()
+        if failed is not None:
+            raise failed
 
 
 def _changed(versions: Sequence[tuple[object, torch.Tensor, int]]) -> OverlapBroken | None:

@@ -217,8 +217,8 @@ class RankSaver(InflightSaves):
             size = 0
             if snap.shards:  # first: its collectives must not wait for a rank's own failure
                 size += write_sharded(txn, self.rank, snap.shards, snap.shard_group)
-            if snap.deferred is not None and (broken := snap.deferred.wait()) is not None:
-                raise broken
+            if snap.deferred is not None:
+                snap.deferred.check()
             size += write_part(txn, self.rank, snap.flat, snap.host)
             prefix = rank_files_prefix(self.rank)
             for rel, blob in snap.extra_files.items():

@@ -157,7 +157,7 @@ def snapshot(
     host_np = host.numpy()
     base = host.data_ptr()
     jobs: list[tuple[np.ndarray, np.ndarray]] = []
-    later = _Later() if defer else None
+    later = _Later(defer) if defer else None
     pos = 0
     for entry, arr in zip(flat.entries, flat.arrays, strict=True):
         nbytes = entry.nbytes
@@ -170,7 +170,7 @@ def snapshot(
         if _packable(arr, entry):
             ctypes.memmove(base + offset, arr.data_ptr(), nbytes)
             continue
-        if later is not None and defer is not None and later.take(arr, defer, host[offset:pos]):
+        if later is not None and later.take(arr, host[offset:pos]):
             continue
         src = _host_bytes(arr)
         if src is not None:
@@ -193,17 +193,18 @@ def snapshot(
 class _Later:
     """The deferred part of one snapshot, gathered while the rest is copied."""
 
-    def __init__(self) -> None:
+    def __init__(self, defer: Mapping[int, object]) -> None:
+        self.defer = defer
         self.host: list[tuple[np.ndarray, np.ndarray]] = []
         self.cuda: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.versions: list[tuple[object, torch.Tensor, int]] = []
 
-    def take(self, arr: torch.Tensor | np.ndarray, defer: Mapping[int, object], dst: torch.Tensor) -> bool:
+    def take(self, arr: torch.Tensor | np.ndarray, dst: torch.Tensor) -> bool:
         """Defer ``arr``'s copy into ``dst`` if it is one of ``defer``'s: a plain dense
         tensor (a subclass may keep its values elsewhere) on the host or a GPU."""
         if type(arr) is not torch.Tensor and type(arr) is not torch.nn.Parameter:
             return False
-        name = defer.get(arr.data_ptr())
+        name = self.defer.get(arr.data_ptr())
         if name is None or not arr.is_contiguous() or arr.is_conj() or arr.is_neg():
             return False
         if arr.is_cuda:
