@@ -12,8 +12,9 @@ methods replaced.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import functools
 import importlib.abc
-import importlib.machinery
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -29,27 +30,71 @@ _stepper: Any = None
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``callback`` once the module ``name`` has been fully imported."""
+    """Runs ``callback`` once the module ``name`` has been fully imported, however it is
+    imported (``import``, ``importlib.import_module``, inside a function).
+
+    It stays on ``sys.meta_path`` until the module has run: a look-up that only asks for the
+    spec (``importlib.util.find_spec("torch")``, which ``datasets`` makes while it is
+    imported) gets a spec whose loader calls back, and is free to throw it away; the next
+    look-up is served again. Should the module arrive by a route that bypasses the finder,
+    the next import of anything after it has run calls back too."""
 
     def __init__(self, name: str, callback: Callable[[], None]) -> None:
         self.name, self.callback = name, callback
 
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
+        if fullname == self.name:
+            return self._spec(fullname, path, target)
+        if _loaded(self.name):  # imported past us (a custom finder, sys.modules set by hand)
+            self._done()
+        return None
+
+    def _spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None) -> Any:
+        spec = _next_spec(self, fullname, path, target)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        original = spec.loader.exec_module
-        callback = self.callback
+        loader = spec.loader
+        original = loader.exec_module
+        own = vars(loader).get("exec_module") if hasattr(loader, "__dict__") else None
 
+        @functools.wraps(original)
         def exec_module(module: ModuleType) -> None:
-            original(module)
-            callback()
+            try:
+                original(module)
+            finally:  # the loader is the module's __loader__: leave it as it was
+                if own is not None:
+                    loader.exec_module = own
+                else:
+                    with contextlib.suppress(AttributeError):
+                        del loader.exec_module
+            self._done()
 
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
+
+    def _done(self) -> None:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        self.callback()
+
+
+def _next_spec(me: object, fullname: str, path: Sequence[str] | None, target: ModuleType | None) -> Any:
+    """The spec the finders after ``me`` give (as the import system would without it)."""
+    finders = list(sys.meta_path)
+    after = finders[finders.index(me) + 1 :] if me in finders else finders
+    for finder in after:
+        find = getattr(finder, "find_spec", None)
+        spec = find(fullname, path, target) if find is not None else None
+        if spec is not None:
+            return spec
+    return None
+
+
+def _loaded(name: str) -> bool:
+    """Has module ``name`` finished running (not merely entered ``sys.modules``)?"""
+    module = sys.modules.get(name)
+    spec = getattr(module, "__spec__", None)
+    return module is not None and not getattr(spec, "_initializing", False)
 
 
 def arm() -> None:
@@ -60,17 +105,34 @@ def arm() -> None:
     config = Config.from_env()
     _early_signals = SignalRequests(config.stop_signals, config.checkpoint_signals)
     _early_signals.install()
-    atexit.register(_say_if_stop_missed)
-    if "torch" in sys.modules:
+    atexit.register(_at_exit)
+    if _loaded("torch"):
         _install()
     else:
         sys.meta_path.insert(0, _AfterImport("torch", _install))
 
 
-def _say_if_stop_missed() -> None:
-    """A stop signal came, and the script ended without ever starting ferry's session (no
-    loader batch, optimizer step or model forward): say that no checkpoint was taken. (A
-    session that started says so itself, at its own exit.)"""
+def installed() -> bool:
+    """Are zero-code mode's torch hooks in place?"""
+    return _stepper is not None
+
+
+def unarmed_reason() -> str | None:
+    """Why torch is loaded and ferry's hooks are not, in the user's terms; None when all is
+    well (torch not imported, or the hooks installed)."""
+    if installed() or not _loaded("torch"):
+        return None
+    return (
+        "torch was imported, but ferry's zero-code hooks were never installed (its import "
+        "hook on sys.meta_path was removed before torch finished loading): ferry saw no "
+        "loader, optimizer or model; this is ferry's miss, not the script's. Use the explicit "
+        "API (`ferry.track(...)` and `ferry.step()`) or report this with the script's imports"
+    )
+
+
+def _at_exit() -> None:
+    """At the end of a script that never started ferry's session: a stop signal that came
+    is answered truthfully (no checkpoint was taken, and why)."""
     api = sys.modules.get("ferry.session.api")  # never imported at exit: torch would load late
     signals = _early_signals
     if signals is None or signals.stop_signal is None:
@@ -80,6 +142,12 @@ def _say_if_stop_missed() -> None:
     import signal
 
     name = signal.Signals(signals.stop_signal).name
+    why = unarmed_reason()
+    if why is not None:
+        sys.stderr.write(
+            f"ferry: {name} asked for a checkpoint and stop, but no checkpoint was taken: {why}\n"
+        )
+        return
     sys.stderr.write(
         f"ferry: {name} asked for a checkpoint and stop, but the script never reached a safe point "
         "(no DataLoader batch, optimizer step or model forward after a backward) and ended without "
@@ -98,6 +166,7 @@ def _install() -> None:
     global _stepper
     _stepper = Stepper(LoopKeeper(), _session)
     api.factory = _make
+    loader_identity.is_user_file = _is_user_file
     loader_identity.install_init_hook(loader.hook_class)  # a stateful loader's own __iter__
     loader.auto_track = _auto_track
     loader.install_iter_hook()
@@ -109,6 +178,13 @@ def _install() -> None:
             sys.meta_path.insert(0, _AfterImport(module, hook))
     register_optimizer_step_post_hook(_after_optimizer_step)
     _stepper.arm_forward()
+
+
+def _is_user_file(filename: str) -> bool:
+    from ferry.autotrack import frames
+
+    root = frames._user_root()
+    return root is not None and frames._is_user_file(filename, root)
 
 
 def _stateful_class_hook(module: str, name: str) -> Callable[[], None]:

@@ -14,6 +14,7 @@ workers' RNG streams replayed mid-epoch (``worker_rng``), what a position depend
 from __future__ import annotations
 
 import dis
+import functools
 import itertools
 import logging
 import sys
@@ -24,7 +25,6 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from ferry.errors import bug
 from ferry.state import stateful_loader, worker_rng
 from ferry.state.epoch_replay import apply_epoch_rng, build_skipping, capture_epoch_rng, loader_generators
 from ferry.state.inputs import loader_inputs
@@ -283,10 +283,15 @@ def _tracked_iter(
     return tracker.new_epoch(self, make)
 
 
-def _iter(self: DataLoader[Any]) -> Iterator[Any]:
-    if _original_iter is None:
-        raise bug("DataLoader.__iter__ was not captured before it was patched")
-    return _tracked_iter(self, _original_iter)
+def _hooked_iter(original: Callable[[DataLoader[Any]], Iterator[Any]]) -> Callable[..., Iterator[Any]]:
+    """``original`` (a loader class's ``__iter__``) tracking the loader: the same name,
+    signature and ``__wrapped__`` as ``original``."""
+
+    @functools.wraps(original)
+    def __iter__(self: DataLoader[Any]) -> Iterator[Any]:
+        return _tracked_iter(self, original)
+
+    return __iter__
 
 
 def hook_class(cls: type) -> None:
@@ -296,19 +301,15 @@ def hook_class(cls: type) -> None:
     if owner is None or not stateful_loader.is_stateful_class(cls) or "_ferry_original_iter" in vars(owner):
         return
     original = vars(owner)["__iter__"]
-
-    def __iter__(self: DataLoader[Any]) -> Iterator[Any]:
-        return _tracked_iter(self, original)
-
     owner._ferry_original_iter = original  # type: ignore[attr-defined]
-    setattr(owner, "__iter__", __iter__)  # noqa: B010  (on the class, as DataLoader's own hook)
+    setattr(owner, "__iter__", _hooked_iter(original))  # noqa: B010  (on the class, as DataLoader's own hook)
 
 
 def install_iter_hook() -> None:
     global _original_iter
     if _original_iter is None:
         _original_iter = DataLoader.__iter__
-        DataLoader.__iter__ = _iter  # type: ignore[method-assign,assignment]
+        DataLoader.__iter__ = _hooked_iter(_original_iter)  # type: ignore[method-assign,assignment]
 
 
 def track_loader(name: str, loader: DataLoader[Any], hooks: Hooks) -> LoaderTracker:

@@ -20,6 +20,7 @@ loader's own constructors.
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import re
 import sys
@@ -30,8 +31,6 @@ from types import FrameType
 from typing import Any
 
 from torch.utils.data import DataLoader
-
-from ferry.errors import bug
 
 _SKIP_PREFIXES = tuple(
     os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep
@@ -64,15 +63,29 @@ _original_init: Callable[..., None] | None = None
 _on_init: Callable[[type], None] | None = None
 
 
+is_user_file: Callable[[str], bool] = lambda filename: False  # noqa: E731
+"""Is ``filename`` the user's code (not a library)? Zero-code mode sets the real test
+(autotrack's user code: the script, the user's own packages, --code-root)."""
+
+
 def _site(loader: DataLoader[Any], frame: FrameType | None) -> str:
-    """The first frame that is neither in torch or ferry nor a constructor of ``loader``."""
+    """The innermost frame of the user's code that built ``loader`` (a loader built inside a
+    library, Lightning's or accelerate's, is named by the user's line that led there); else
+    the first frame that is neither in torch or ferry nor a constructor of ``loader``."""
+    first: FrameType | None = None
     while frame is not None:
         code = frame.f_code
         own_init = code.co_name == "__init__" and frame.f_locals.get("self") is loader
         if not own_init and not os.path.abspath(code.co_filename).startswith(_SKIP_PREFIXES):
-            return f"{os.path.basename(code.co_filename)}:{frame.f_lineno}"
+            if is_user_file(code.co_filename):
+                return _line(frame)
+            first = first or frame
         frame = frame.f_back
-    return "<unknown>:0"
+    return "<unknown>:0" if first is None else _line(first)
+
+
+def _line(frame: FrameType) -> str:
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
 def note(loader: DataLoader[Any], frame: FrameType | None) -> Identity:
@@ -100,13 +113,20 @@ def built_so_far() -> int:
     return _next_serial
 
 
-def _init(self: DataLoader[Any], *args: Any, **kwargs: Any) -> None:
-    if _original_init is None:
-        raise bug("DataLoader.__init__ was not captured before it was patched")
-    _original_init(self, *args, **kwargs)
-    note(self, sys._getframe(1))
-    if _on_init is not None:
-        _on_init(type(self))
+def _hooked_init(original: Callable[..., None], *, announce: bool) -> Callable[..., None]:
+    """``original`` (a loader class's ``__init__``) noting the construction site: the same
+    name, signature and ``__wrapped__`` as ``original``, so that code inspecting it (Lightning
+    reads the signature to re-create loaders) sees torch's ``__init__``."""
+
+    @functools.wraps(original)
+    def __init__(self: DataLoader[Any], *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        note(self, sys._getframe(1))
+        if announce and _on_init is not None:
+            _on_init(type(self))
+
+    __init__._ferry_hooked = True  # type: ignore[attr-defined]
+    return __init__
 
 
 def hook_init_of(cls: type) -> None:
@@ -115,13 +135,7 @@ def hook_init_of(cls: type) -> None:
     original = vars(cls).get("__init__")
     if original is None or getattr(original, "_ferry_hooked", False):
         return
-
-    def __init__(self: DataLoader[Any], *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        note(self, sys._getframe(1))
-
-    __init__._ferry_hooked = True  # type: ignore[attr-defined]
-    setattr(cls, "__init__", __init__)  # noqa: B010
+    setattr(cls, "__init__", _hooked_init(original, announce=False))  # noqa: B010
     if _on_init is not None:
         _on_init(cls)
 
@@ -133,7 +147,7 @@ def install_init_hook(on_init: Callable[[type], None] | None = None) -> None:
     _on_init = on_init
     if _original_init is None:
         _original_init = DataLoader.__init__
-        DataLoader.__init__ = _init  # type: ignore[method-assign]
+        DataLoader.__init__ = _hooked_init(_original_init, announce=True)  # type: ignore[method-assign]
 
 
 def relocated(

@@ -1,0 +1,75 @@
+"""Zero-code mode arms whatever way the script imports torch, and says so when it could not
+(issue: "never break a working job, never miss a stop, never claim what did not happen")."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_zero_code import FERRY, plain, training_record, under_ferry
+from trainrun import SCRIPTS, env_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("order", ["find-spec", "import-module", "lazy"])
+def test_a_stop_is_served_however_torch_is_imported(order: str, tmp_path: Path) -> None:
+    """`importlib.util.find_spec("torch")` before the import (what `datasets` does) used to
+    spend ferry's one-shot import hook: no hooks, the stop ignored, "never reached a safe
+    point" printed after 300 safe points."""
+    args = ["--order", order]
+    plain("zc_imports.py", tmp_path / "ref", args, tmp_path / "home-ref")
+    first = under_ferry(
+        "zc_imports.py", tmp_path / "run", [*args, "--sleep", "0.03"], tmp_path, stop_after_lines=12
+    )
+    assert first.returncode == 85, first.stderr
+    assert "checkpointed at step" in first.stderr
+    assert "never reached a safe point" not in first.stderr
+    second = under_ferry("zc_imports.py", tmp_path / "run", args, tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert "resumed from" in second.stderr
+    assert training_record(tmp_path / "run") == training_record(tmp_path / "ref")
+
+
+def _ferry_run(tmp: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    cmd = [FERRY, "run", "--dir", str(tmp / "ck"), "--job-id", "zc", "--", sys.executable, *argv]
+    return subprocess.run(cmd, env=env_for(tmp / "home"), capture_output=True, text=True, timeout=240)
+
+
+def test_hooks_keep_what_introspection_sees(tmp_path: Path) -> None:
+    """Every hook ferry places on torch keeps the name, signature and ``__wrapped__`` torch
+    defines, and the import machinery is left as it was (``torch.__loader__``)."""
+    probe = (
+        "import inspect, torch\n"
+        "from torch.utils.data import DataLoader\n"
+        "for f in (DataLoader.__init__, DataLoader.__iter__):\n"
+        "    w = inspect.unwrap(f)\n"
+        "    print(f.__name__, f.__qualname__, f.__module__, inspect.signature(f) == inspect.signature(w),"
+        " w.__module__)\n"
+        "print('loader', 'exec_module' in vars(torch.__loader__))\n"
+    )
+    proc = _ferry_run(tmp_path, "-c", probe)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "__init__ DataLoader.__init__ torch.utils.data.dataloader True torch.utils.data.dataloader",
+        "__iter__ DataLoader.__iter__ torch.utils.data.dataloader True torch.utils.data.dataloader",
+        "loader False",
+    ]
+
+
+def test_lightning_recreates_loaders_under_ferry_as_without_it(tmp_path: Path) -> None:
+    """Lightning reads ``DataLoader.__init__``'s signature to re-create a loader (``predict``,
+    DDP's sampler): behind a ``(*args, **kwargs)`` hook it recorded nothing and failed with
+    ``AttributeError: ... '__dataset'``, only under ferry."""
+    pytest.importorskip("lightning")
+    script = str(SCRIPTS / "zc_lightning_predict.py")
+    plain_run = subprocess.run(
+        [sys.executable, script], env=env_for(tmp_path / "h0"), capture_output=True, text=True, timeout=240
+    )
+    assert plain_run.returncode == 0, plain_run.stderr
+    proc = _ferry_run(tmp_path, script)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == plain_run.stdout
