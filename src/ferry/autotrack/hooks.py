@@ -158,6 +158,7 @@ def _at_exit() -> None:
 def _install() -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
+    from ferry.autotrack import frameworks
     from ferry.autotrack.keeper import LoopKeeper
     from ferry.autotrack.stepping import Stepper
     from ferry.session import api
@@ -171,13 +172,18 @@ def _install() -> None:
     loader.auto_track = _auto_track
     loader.install_iter_hook()
     for module, name in stateful_loader.KNOWN.items():
-        hook = _stateful_class_hook(module, name)
-        if module in sys.modules:
-            hook()
-        else:
-            sys.meta_path.insert(0, _AfterImport(module, hook))
+        after_import(module, _stateful_class_hook(module, name))
+    frameworks.arm_when_imported(after_import)
     register_optimizer_step_post_hook(_after_optimizer_step)
     _stepper.arm_forward()
+
+
+def after_import(module: str, callback: Callable[[], None]) -> None:
+    """Run ``callback`` once ``module`` has been imported: now if it is, else when it is."""
+    if _loaded(module):
+        callback()
+    else:
+        sys.meta_path.insert(0, _AfterImport(module, callback))
 
 
 def _is_user_file(filename: str) -> bool:

@@ -1,0 +1,31 @@
+"""Which framework loops zero-code mode supports, armed when the framework is imported.
+
+A registry from the framework's import name to its support object
+(``ferry.integrations.framework.FrameworkSupport``); each support is imported only once its
+framework is, so that ``import ferry`` and a script without the framework import none of
+them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ferry.integrations.framework import FrameworkSupport
+
+KNOWN: dict[str, Callable[[], FrameworkSupport]] = {}
+"""Import name that arms a framework's support -> a function returning that support.
+Filled by the framework modules' entries below, one line per framework."""
+
+
+def arm_when_imported(after_import: Callable[[str, Callable[[], None]], None]) -> None:
+    """Arm each known framework's support once its module has been imported;
+    ``after_import(module, callback)`` runs the callback at once when it already is."""
+    armed: set[str] = set()
+    for module, support in KNOWN.items():
+
+        def arm(support: Callable[[], FrameworkSupport] = support) -> None:
+            chosen = support()
+            if chosen.state_name not in armed:
+                armed.add(chosen.state_name)
+                chosen.arm()
+
+        after_import(module, arm)
