@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import compat
 from test_zero_code import FERRY, plain, training_record, under_ferry
 from trainrun import SCRIPTS, env_for
 
@@ -65,11 +66,7 @@ def test_lightning_recreates_loaders_under_ferry_as_without_it(tmp_path: Path) -
     DDP's sampler): behind a ``(*args, **kwargs)`` hook it recorded nothing and failed with
     ``AttributeError: ... '__dataset'``, only under ferry."""
     pytest.importorskip("lightning")
-    script = str(SCRIPTS / "zc_lightning_predict.py")
-    plain_run = subprocess.run(
-        [sys.executable, script], env=env_for(tmp_path / "h0"), capture_output=True, text=True, timeout=240
-    )
-    assert plain_run.returncode == 0, plain_run.stderr
-    proc = _ferry_run(tmp_path, script)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == plain_run.stdout
+    argv = [sys.executable, str(SCRIPTS / "zc_lightning_predict.py")]
+    ref = compat.plain(argv, tmp_path / "plain", compat.env_for(tmp_path / "h0"))
+    got = compat.under_ferry(argv, tmp_path / "ferry", compat.env_for(tmp_path / "h1"))
+    compat.assert_same(ref, got)
