@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import Any
 
 from ferry.errors import ConfigError, FerryError
+from ferry.runtime.procs import own_process
 from ferry.runtime.signals import SignalRequests
 
 log = logging.getLogger("ferry")
@@ -105,7 +106,7 @@ def arm() -> None:
     config = Config.from_env()
     _early_signals = SignalRequests(config.stop_signals, config.checkpoint_signals)
     _early_signals.install()
-    atexit.register(_at_exit)
+    atexit.register(own_process(_at_exit))
     if _loaded("torch"):
         _install()
     else:

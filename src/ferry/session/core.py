@@ -28,6 +28,7 @@ from ferry.progress import Tally
 from ferry.runtime.control import ControlInbox, Request
 from ferry.runtime.identity import default_job_id
 from ferry.runtime.jobdir import JobDir
+from ferry.runtime.procs import own_process
 from ferry.runtime.signals import SignalRequests
 from ferry.schedulers import detect as detect_scheduler
 from ferry.session import checkpointer, policy, resume, warm
@@ -37,7 +38,7 @@ from ferry.session.rngwatch import GeneratorWatch, Look
 from ferry.session.savewatch import SaveWatch
 from ferry.state import loader_identity
 from ferry.state.generators import GeneratorState
-from ferry.state.loader import LoaderTracker, protect_workers, track_loader, untrack_all
+from ferry.state.loader import LoaderTracker, protect_workers, shut_down_pools, track_loader, untrack_all
 from ferry.state.training import TrainingState
 
 log = logging.getLogger("ferry")
@@ -45,7 +46,10 @@ log = logging.getLogger("ferry")
 
 def _register_exit(hook: Callable[[], None]) -> None:
     """Run ``hook`` when the main thread ends, before concurrent.futures stops its thread
-    pools (which atexit would be too late for: a save in flight needs them to commit)."""
+    pools (which atexit would be too late for: a save in flight needs them to commit); in
+    this process only: a forked DataLoader worker inherits the hooks and runs them when it
+    ends (multiprocessing calls ``threading._shutdown`` there)."""
+    hook = own_process(hook)
     register = getattr(threading, "_register_atexit", None)
     try:
         if register is not None:
@@ -442,6 +446,7 @@ class Session(LoopHooks):
         self._previous_excepthook(kind, value, tb)
 
     def _atexit(self) -> None:
+        shut_down_pools()
         if not self._closed:
             if self.signals.stop_signal is not None and not self._stopping:
                 self.report.stop_missed(self.signals.stop_signal, self.global_step)

@@ -161,7 +161,7 @@ class LoaderTracker:
             # resumed; so the epoch's RNG is put back just before the sampler starts.
             epoch_rng = self.epoch_rng
             persistent = loader.persistent_workers and loader.num_workers > 0 and self.epoch > 0
-            rewind = (lambda: apply_epoch_rng(loader, epoch_rng)) if persistent and epoch_rng else None
+            rewind = _rewinder(loader, epoch_rng) if persistent and epoch_rng else None
             self.worker_rng = dict(target.get("worker_rng") or {})
             starts = loader.worker_init_fn if isinstance(loader.worker_init_fn, WorkerInit) else None
             if starts is not None and worker_rng.tagged(loader):
@@ -177,6 +177,32 @@ class LoaderTracker:
         apply_epoch_rng(loader, stash)  # explicit restore already set the save-time state
         self.restore_generators(target)
         return TrackedIter(self, it)
+
+
+def _rewinder(loader: DataLoader[Any], epoch_rng: dict[str, Any]) -> Callable[[], None]:
+    """Puts the epoch's RNG back on ``loader`` just before its sampler starts. It holds the
+    loader weakly: the persistent iterator keeps it, and the loader keeps that iterator, so
+    a strong reference would keep the worker pool alive past the script's end (its workers
+    ignore the stop signals, so multiprocessing's exit would wait for them forever)."""
+    ref = weakref.ref(loader)
+
+    def rewind() -> None:
+        live = ref()
+        if live is not None:
+            apply_epoch_rng(live, epoch_rng)
+
+    return rewind
+
+
+def shut_down_pools() -> None:
+    """At the end of the process: stop the worker pools of the tracked loaders the way their
+    iterators do when they are freed (each worker is told to finish, then joined). A pool
+    still referenced at exit would otherwise be left to multiprocessing, which ends workers
+    with SIGTERM, a signal ferry's workers ignore."""
+    for loader in list(_TRACKED):
+        shutdown = getattr(getattr(loader, "_iterator", None), "_shutdown_workers", None)
+        if callable(shutdown):
+            shutdown()
 
 
 def _in_for_loop(frame: FrameType | None) -> bool:
