@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+from ferry.autotrack.outputs import Outputs
 from ferry.errors import ConfigError, FerryError
 from ferry.runtime.procs import own_process
 from ferry.runtime.signals import SignalRequests
@@ -28,6 +29,22 @@ from ferry.runtime.signals import SignalRequests
 log = logging.getLogger("ferry")
 _early_signals: SignalRequests | None = None
 _stepper: Any = None
+
+
+def _resuming() -> bool:
+    """Is there a committed checkpoint for this process to resume (a cheap look, once)?"""
+    try:
+        from ferry.config import Config
+        from ferry.engine.catalog import list_checkpoints
+        from ferry.storage import open_storage
+
+        directory = Config.from_env().dir
+        return bool(directory) and bool(list_checkpoints(open_storage(directory)))
+    except Exception:  # no root yet, a remote that cannot be asked: nothing to put back
+        return False
+
+
+_outputs = Outputs(lambda filename: _is_user_file(filename), _resuming)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -106,6 +123,7 @@ def arm() -> None:
     config = Config.from_env()
     _early_signals = SignalRequests(config.stop_signals, config.checkpoint_signals)
     _early_signals.install()
+    _outputs.watch()
     atexit.register(own_process(_at_exit))
     if _loaded("torch"):
         _install()
@@ -227,6 +245,7 @@ def _make() -> Any:
     current.discover = lambda: {**discover(), **stepper.found()}
     current.uncaptured = uncaptured_rngs
     current.loop = stepper.keeper
+    current.outputs = _outputs
     return current
 
 

@@ -32,7 +32,7 @@ from ferry.runtime.procs import own_process
 from ferry.runtime.signals import SignalRequests
 from ferry.schedulers import detect as detect_scheduler
 from ferry.session import checkpointer, policy, resume, warm
-from ferry.session.loophooks import LoopHooks, LoopState
+from ferry.session.loophooks import LoopHooks, LoopState, OutputFiles
 from ferry.session.reporting import Reporter
 from ferry.session.rngwatch import GeneratorWatch, Look
 from ferry.session.savewatch import SaveWatch
@@ -122,6 +122,8 @@ class Session(LoopHooks):
         """Zero-code mode: finds what it sees but cannot capture (the script's own random
         generators); those training draws from after the first safe point are warned about."""
         self._generators: GeneratorWatch | None = None
+        self.outputs: OutputFiles | None = None
+        """Zero-code mode: the files the script writes, rolled back with the state."""
         self.loop: LoopState | None = None
         """Zero-code mode: captures and restores the plain state of the loop's frames."""
         self.swapped: dict[int, Any] = {}
@@ -180,6 +182,7 @@ class Session(LoopHooks):
                     self.driver = tracker
                     self._driver_pinned = name == "loader"
                 elif loader_identity.succeeds(tracker.identity, self.driver.identity):
+                    tracker.feeding.inherit(self.driver.feeding)
                     self.driver = tracker  # the script builds its training loader anew each epoch
             elif is_stateful(obj) or isinstance(obj, (dict, list)):
                 self.objects[name] = obj
@@ -252,6 +255,9 @@ class Session(LoopHooks):
         saved = self._resume.state.frames
         if self.loop is not None and saved is not None:
             self.swapped = self.loop.restore(saved)
+            if self.outputs is not None:
+                for problem in self.outputs.restore(saved.get("files")):
+                    log.warning("ferry: warning: %s", problem)
         if self._resume.in_place:
             for tracker in self.loaders.values():
                 if tracker is not self.driver:
@@ -278,20 +284,17 @@ class Session(LoopHooks):
             self._first_safe_point()
         if self._first_steps is not None:
             self._time_first_steps()
-        now = time.monotonic()
-        if now >= self._next_poll:
-            self._requests.extend(self.inbox.poll())
-            self._next_poll = now + self.config.control_poll_seconds
-        if now >= self._next_status:  # a heartbeat for `ferry list` / `ferry status`
-            self.job.update_status("running", step=self.global_step)
-            self._check_generators()
-            self._next_status = now + STATUS_SECONDS
+        now = self._between_safe_points()
+        point = self._point(now)
+        wish = policy.wish(point)
         if not self.checkpointer.listens(
-            self.global_step, every_steps=self.config.every_steps, last_saved_step=self._last_step
+            self.global_step,
+            every_steps=self.config.every_steps,
+            last_saved_step=self._last_step,
+            wishing=wish.save or wish.stop,
         ):
             return  # between the ranks' agreements: requests and signals wait for the next
-        point = self._point(now)
-        decision = policy.decide(point, self.checkpointer.agree(point, policy.wish(point)))
+        decision = policy.decide(point, self.checkpointer.agree(point, wish))
         if decision.action is policy.Action.NOTHING:
             return
         self.signals.checkpoint_requested = False
@@ -300,6 +303,19 @@ class Session(LoopHooks):
             self._stop(requests, decision.why)
         else:
             self._save(requests)
+
+    def _between_safe_points(self) -> float:
+        """What every batch does, safe point or not: control requests are read and the status
+        beats (for `ferry list` / `ferry status`); returns the time it looked at."""
+        now = time.monotonic()
+        if now >= self._next_poll:
+            self._requests.extend(self.inbox.poll())
+            self._next_poll = now + self.config.control_poll_seconds
+        if now >= self._next_status:
+            self.job.update_status("running", step=self.global_step)
+            self._check_generators()
+            self._next_status = now + STATUS_SECONDS
+        return now
 
     def _point(self, now: float) -> policy.SafePoint:
         return policy.SafePoint(
@@ -355,8 +371,16 @@ class Session(LoopHooks):
             global_step=self.global_step,
             driver=None if self.driver is None else self.driver.name,
             keep_objects=self.checkpointer.keeps_objects,
-            frames=None if self.loop is None else self.loop.capture(self.objects, self._driving_loader()),
+            frames=self._loop_state(),
         )
+
+    def _loop_state(self) -> dict[str, Any] | None:
+        if self.loop is None:
+            return None
+        state = self.loop.capture(self.objects, self._driving_loader())
+        if self.outputs is not None:
+            state["files"] = self.outputs.capture()
+        return state
 
     def _driving_loader(self) -> DataLoader[Any] | None:
         return None if self.driver is None else self.driver.loader_ref()
@@ -419,6 +443,7 @@ class Session(LoopHooks):
         """Wait for the save in flight, put signal handlers and hooks back, release the job."""
         if self._closed:
             return
+        self._serve_pending()
         self._closed = True
         self._check_generators()
         try:
@@ -435,6 +460,30 @@ class Session(LoopHooks):
         if sys.excepthook == self._excepthook:
             sys.excepthook = self._previous_excepthook
         untrack_all()
+
+    def _serve_pending(self) -> None:
+        """A checkpoint asked for (``ferry.checkpoint()``, ``ferry checkpoint``) and not yet
+        served when the session closes: served now where this process alone decides and the
+        script's state is whole (explicit mode, one rank); otherwise answered as dropped,
+        with the reason, never dropped in silence."""
+        requests = [r for r in self._requests if r.action == "checkpoint"]
+        if not requests or self._stopping:
+            return
+        self._requests = [r for r in self._requests if r.action != "checkpoint"]
+        if self.loop is None and self.checkpointer.world_size == 1:
+            self.report.awaiting(self.global_step, requests)
+            try:
+                self.checkpointer.agree(self._point(time.monotonic()), policy.Wish(save=True))
+                self._write(blocking=True)
+            except FerryError as exc:
+                self._failed(self.global_step, exc)
+            return
+        why = (
+            "the script ended before its next safe point"
+            if self.loop is not None
+            else f"the {self.checkpointer.world_size} ranks had not reached the step they agree at"
+        )
+        self.report.dropped(self.global_step, requests, why)
 
     @property
     def closed(self) -> bool:

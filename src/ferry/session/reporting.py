@@ -82,6 +82,17 @@ class Reporter:
         if not self.progress.stopping:
             self.job.update_status("running", step=self.progress.global_step)
 
+    def dropped(self, step: int, requests: list[Request], why: str) -> None:
+        """Checkpoint requests the session closes without serving: said, and answered."""
+        log.warning(
+            "ferry: warning: %d checkpoint request(s) were not served: %s (last step %d)",
+            len(requests),
+            why,
+            step,
+        )
+        for r in requests:
+            self.inbox.respond(r.id, ok=False, error=f"not served: {why}")
+
     def failed(self, step: int, exc: Exception) -> None:
         """The save of ``step`` failed: say so, answer its requests, train on. Called on the
         training thread, or on the saver's when a background save fails."""

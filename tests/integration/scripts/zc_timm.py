@@ -52,13 +52,14 @@ class PrefetchLoader:
 
     def __iter__(self) -> Any:
         first = True
+        input = target = None
         for next_input, next_target in self.loader:
             next_input = next_input.float().sub_(self.mean).div_(self.std)
             if not first:
-                yield input, target  # noqa: F821  (bound by the previous iteration)
+                yield input, target
             else:
                 first = False
-            input, target = next_input, next_target  # noqa: A001
+            input, target = next_input, next_target
         yield input, target
 
     def __len__(self) -> int:
@@ -181,12 +182,18 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.05)
     train_loader = PrefetchLoader(
         DataLoader(
-            Noisy(96, True), batch_size=8, shuffle=True, num_workers=args.workers,
-            persistent_workers=args.workers > 0, drop_last=True,
-        )  # fmt: skip
+            Noisy(96, True),
+            batch_size=8,
+            shuffle=True,
+            num_workers=args.workers,
+            persistent_workers=args.workers > 0,
+            drop_last=True,
+        )
     )
     eval_loader = PrefetchLoader(
-        DataLoader(Noisy(32, False), batch_size=16, num_workers=args.workers, persistent_workers=args.workers > 0)
+        DataLoader(
+            Noisy(32, False), batch_size=16, num_workers=args.workers, persistent_workers=args.workers > 0
+        )
     )
     lr_scheduler = CosineScheduler(optimizer, t_initial=args.epochs * len(train_loader))
     loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
@@ -203,7 +210,10 @@ def main() -> None:
         if best_metric is None or eval_metrics["top1"] > best_metric:
             best_metric, best_epoch = eval_metrics["top1"], epoch
             torch.save(model.state_dict(), os.path.join(args.out, "model_best.pth.tar"))
-        print(f"Epoch {epoch}: eval loss {eval_metrics['loss']:#.4g} top1 {eval_metrics['top1']:.2f}", flush=True)
+        print(
+            f"Epoch {epoch}: eval loss {eval_metrics['loss']:#.4g} top1 {eval_metrics['top1']:.2f}",
+            flush=True,
+        )
     print(f"*** Best metric: {best_metric} (epoch {best_epoch})", flush=True)
     with open(os.path.join(args.out, "params.txt"), "w") as f:
         for name, t in model.state_dict().items():
