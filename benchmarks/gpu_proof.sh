@@ -22,7 +22,8 @@
 #
 # Settings: GPU_PROOF_SIZE=small (tiny sizes), GPU_PROOF_DRY=1 (run the parts that can on the
 # CPU, to try the script without a GPU: their rows say SKIPPED, "would be PASS"),
-# GPU_PROOF_DEADLINE (seconds), GPU_PROOF_WORK (where checkpoints go), PYTHON (python3).
+# GPU_PROOF_DEADLINE (seconds), GPU_PROOF_WORK (where checkpoints go), PYTHON (python3),
+# GPU_PROOF_PARTS=engine,process (only those parts, and env: a second run of what broke).
 # Without pytest on the machine, the tests part installs wheels found in .whl/ (made on a
 # machine with pip: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12
 # -d .whl pytest iniconfig pluggy packaging), else its row says SKIPPED and why.
@@ -82,6 +83,11 @@ trap finish EXIT
 part() { # part NAME TIMEOUT COMMAND...: run it under its timeout, within the deadline
     local name=$1 budget=$2 left rc t0
     shift 2
+    if [[ -n ${GPU_PROOF_PARTS:-} && $name != env && ",$GPU_PROOF_PARTS," != *",$name,"* ]]; then
+        say "part $name: not run, not in GPU_PROOF_PARTS=$GPU_PROOF_PARTS"
+        row "$name" "(the whole part)" SKIPPED "not run: not in GPU_PROOF_PARTS=$GPU_PROOF_PARTS"
+        return
+    fi
     left=$((DEADLINE - RESERVE - ($(date +%s) - START)))
     if ((left < 20)); then
         say "part $name: not run, ${left}s left before the deadline"

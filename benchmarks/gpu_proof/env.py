@@ -42,10 +42,11 @@ def _run(*cmd: str) -> str:
 
 
 def runtime() -> str:
-    """gVisor (its kernel says 4.4.0, its /proc/version is a fixed string), or Linux and its kernel."""
-    version = Path("/proc/version").read_text() if Path("/proc/version").exists() else ""
-    if platform.release().startswith("4.4.0") and "Sun Jan 10 15:06:54 PST 2016" in version:
-        return "gVisor (kernel 4.4.0)"
+    """gVisor (its kernel says 4.4.0, which no kernel that runs a current NVIDIA driver does;
+    /proc/version says which), or Linux and its kernel."""
+    if platform.release().startswith("4.4.0"):
+        version = Path("/proc/version").read_text().strip() if Path("/proc/version").exists() else ""
+        return f"gVisor (kernel 4.4.0: {version[:80]})"
     return f"Linux {platform.release()}"
 
 
