@@ -114,3 +114,25 @@ def test_a_dataloader_worker_ending_never_touches_the_jobs_status(tmp_path: Path
     assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
     assert states[-1] == "finished"
     assert "finished" not in states[:-1], states
+
+
+def test_a_loop_in_a_library_is_said_before_the_first_save_and_at_the_resume(tmp_path: Path) -> None:
+    """A loop that runs in a library's frames (an engine class in site-packages) is not
+    captured: its counters restart on resume. ferry said "resumed ... at step 9" and nothing
+    else; now it says which loop, before the first save and again at the resume."""
+    lib = str(SCRIPTS / "lib" / "site-packages")
+    argv = [sys.executable, str(SCRIPTS / "zc_libloop.py"), "--out", "out"]
+    env = compat.env_for(tmp_path / "h", PYTHONPATH=lib)
+    stopped = compat.under_ferry(
+        [*argv, "--sleep", "0.1"], tmp_path / "run", env, stop=compat.StopAfter("out/log.txt", 5)
+    )
+    assert stopped.returncode == 85, "\n".join(stopped.log)
+    said = [x for x in stopped.ferry if "runs in a library's code, enginelib/__init__.py" in x]
+    first_save = next(i for i, x in enumerate(stopped.ferry) if "checkpoint step" in x)
+    assert said and stopped.ferry.index(said[0]) < first_save, stopped.ferry
+    assert "(in Engine.run)" in said[0]
+    resumed = compat.under_ferry(argv, tmp_path / "run", env)
+    assert resumed.returncode == 0, "\n".join(resumed.log)
+    at_resume = [x for x in resumed.ferry if "the checkpoint was taken inside enginelib/__init__.py" in x]
+    resumed_line = next(i for i, x in enumerate(resumed.ferry) if x.startswith("ferry: resumed from"))
+    assert at_resume and resumed.ferry.index(at_resume[0]) < resumed_line, resumed.ferry

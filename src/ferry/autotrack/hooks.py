@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+from ferry.autotrack import frameworks
+from ferry.autotrack.extras import Extras
 from ferry.autotrack.outputs import Outputs
 from ferry.errors import ConfigError, FerryError
 from ferry.runtime.procs import own_process
@@ -155,6 +157,9 @@ def _at_exit() -> None:
     api = sys.modules.get("ferry.session.api")  # never imported at exit: torch would load late
     signals = _early_signals
     if signals is None or signals.stop_signal is None:
+        why = unarmed_reason()
+        if why is not None:  # a run ferry never protected: say so even without a stop
+            sys.stderr.write(f"ferry: warning: {why}\n")
         return
     if api is not None and getattr(api, "_CURRENT", None) is not None:
         return
@@ -177,7 +182,6 @@ def _at_exit() -> None:
 def _install() -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    from ferry.autotrack import frameworks
     from ferry.autotrack.keeper import LoopKeeper
     from ferry.autotrack.stepping import Stepper
     from ferry.session import api
@@ -245,7 +249,7 @@ def _make() -> Any:
     current.discover = lambda: {**discover(), **stepper.found()}
     current.uncaptured = uncaptured_rngs
     current.loop = stepper.keeper
-    current.outputs = _outputs
+    current.extras = Extras(_outputs, _is_user_file, frameworks.covers)
     return current
 
 

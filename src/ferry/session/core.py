@@ -32,7 +32,7 @@ from ferry.runtime.procs import own_process
 from ferry.runtime.signals import SignalRequests
 from ferry.schedulers import detect as detect_scheduler
 from ferry.session import checkpointer, policy, resume, warm
-from ferry.session.loophooks import LoopHooks, LoopState, OutputFiles
+from ferry.session.loophooks import LoopExtras, LoopHooks, LoopState
 from ferry.session.reporting import Reporter
 from ferry.session.rngwatch import GeneratorWatch, Look
 from ferry.session.savewatch import SaveWatch
@@ -122,8 +122,9 @@ class Session(LoopHooks):
         """Zero-code mode: finds what it sees but cannot capture (the script's own random
         generators); those training draws from after the first safe point are warned about."""
         self._generators: GeneratorWatch | None = None
-        self.outputs: OutputFiles | None = None
-        """Zero-code mode: the files the script writes, rolled back with the state."""
+        self.extras: LoopExtras | None = None
+        """Zero-code mode: the files the script writes, rolled back with the state, and the
+        loops in a library's code, said."""
         self.loop: LoopState | None = None
         """Zero-code mode: captures and restores the plain state of the loop's frames."""
         self.swapped: dict[int, Any] = {}
@@ -255,8 +256,8 @@ class Session(LoopHooks):
         saved = self._resume.state.frames
         if self.loop is not None and saved is not None:
             self.swapped = self.loop.restore(saved)
-            if self.outputs is not None:
-                for problem in self.outputs.restore(saved.get("files")):
+            if self.extras is not None:
+                for problem in self.extras.restore(saved):
                     log.warning("ferry: warning: %s", problem)
         if self._resume.in_place:
             for tracker in self.loaders.values():
@@ -338,6 +339,8 @@ class Session(LoopHooks):
         if self.loop is not None:
             self._discover()
             self.loop.examine(self.objects, self._driving_loader())
+            if self.extras is not None:
+                self.extras.examine()
         if self.uncaptured is not None:
             self._generators = GeneratorWatch(self.uncaptured, self.config.ignore_generators)
             self._generators.start()
@@ -378,8 +381,8 @@ class Session(LoopHooks):
         if self.loop is None:
             return None
         state = self.loop.capture(self.objects, self._driving_loader())
-        if self.outputs is not None:
-            state["files"] = self.outputs.capture()
+        if self.extras is not None:
+            state.update(self.extras.capture())
         return state
 
     def _driving_loader(self) -> DataLoader[Any] | None:

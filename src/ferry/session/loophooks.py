@@ -25,11 +25,13 @@ class LoopState(Protocol):
     def restore(self, saved: dict[str, Any]) -> dict[int, Any]: ...
 
 
-class OutputFiles(Protocol):
-    """Zero-code mode's record of the files the script writes (``autotrack/outputs.py``)."""
+class LoopExtras(Protocol):
+    """What zero-code mode keeps beside the loop's frames (``autotrack/extras.py``): the
+    files the script writes, the loops that run in a library's code."""
 
+    def examine(self) -> None: ...
     def capture(self) -> dict[str, Any]: ...
-    def restore(self, saved: Any) -> list[str]: ...
+    def restore(self, saved: dict[str, Any]) -> list[str]: ...
 
 
 class LoopHooks(Hooks):
