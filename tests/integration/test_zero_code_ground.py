@@ -136,3 +136,16 @@ def test_a_loop_in_a_library_is_said_before_the_first_save_and_at_the_resume(tmp
     at_resume = [x for x in resumed.ferry if "the checkpoint was taken inside enginelib/__init__.py" in x]
     resumed_line = next(i for i, x in enumerate(resumed.ferry) if x.startswith("ferry: resumed from"))
     assert at_resume and resumed.ferry.index(at_resume[0]) < resumed_line, resumed.ferry
+
+
+@pytest.mark.parametrize("chain", [False, True])
+def test_a_handler_of_the_script_installed_over_ferrys_does_not_end_the_run_first(
+    chain: bool, tmp_path: Path
+) -> None:
+    """A SIGTERM handler installed after ferry's that ends the loop at the batch's end (as
+    Lightning's does, calling ferry's first) ended the run with exit 0 and no checkpoint.
+    ferry now puts its handler back over it at the first safe point and stops first."""
+    args = ("--chain",) if chain else ()
+    ref, stopped, resumed = lineage(tmp_path, "zc_ownhandler.py", compat.StopAfter("out/log.txt", 10), *args)
+    assert any("replaced ferry's SIGTERM handler" in x for x in stopped.ferry), stopped.ferry
+    compat.assert_same(ref, resumed)

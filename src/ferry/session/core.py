@@ -279,6 +279,8 @@ class Session(LoopHooks):
     # ------------------------------------------------------------------ safe points
     def _safe_point(self) -> None:
         self.signals.at_safe_points = True  # a stop signal now waits for the next one
+        for signum, handler in self.signals.reassert():
+            self.report.handler_replaced(signum, handler)
         if policy.idle(stopping=self._stopping, restore_pending=self._restore_pending):
             return
         if not self._trained:
