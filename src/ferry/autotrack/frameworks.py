@@ -29,3 +29,12 @@ def arm_when_imported(after_import: Callable[[str, Callable[[], None]], None]) -
                 chosen.arm()
 
         after_import(module, arm)
+
+
+def _lightning() -> FrameworkSupport:
+    from ferry.integrations.lightning_auto import SUPPORT
+
+    return SUPPORT
+
+
+KNOWN["lightning.pytorch"] = KNOWN["pytorch_lightning"] = _lightning

@@ -31,10 +31,14 @@ class LoopHooks(Hooks):
 
     driver: LoaderTracker | None
     """The loader whose batches are the training steps."""
+    loaders: dict[str, LoaderTracker]
     last_batch_from: LoaderTracker | None
     loop: LoopState | None
     global_step: int
     _driver_pinned: bool
+    framework: str | None = None
+    """A framework's support drives training (``integrations/framework.py``): its loop makes
+    the safe points and counts the steps; the driving loader's batch requests are neither."""
     _resume: resume.Resume | None
 
     def _restore_all(self) -> None:
@@ -95,13 +99,23 @@ class LoopHooks(Hooks):
         return self._resume is not None and self._resume.pending
 
     def before_batch(self, tracker: LoaderTracker) -> None:
-        if tracker is self.driver:
+        if tracker is self.driver and self.framework is None:
             self._safe_point()
 
     def after_batch(self, tracker: LoaderTracker) -> None:
         self.last_batch_from = tracker
-        if tracker is self.driver:
+        if tracker is self.driver and self.framework is None:
             self.global_step += 1
+
+    def framework_drives(self, framework: str, name: str) -> None:
+        """``framework``'s support has tracked its training loader as ``name``: its loop makes
+        the safe points and counts the steps from now on. It puts its own progress back before
+        its loop runs, so on resume that loader continues the saved epoch at its next iter()."""
+        tracker = self.loaders[name]
+        self.framework = framework
+        self.driver, self._driver_pinned = tracker, True
+        if tracker.resume_at is not None:
+            tracker.relative = True
 
     def note_optimizer_step(self) -> None:
         """The loader that fed the last batch before an optimizer step is the training loader."""
