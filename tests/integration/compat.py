@@ -63,11 +63,16 @@ class Outcome:
 @dataclass
 class StopAfter:
     """Send ``signum`` to ``ferry run`` once the file ``name`` (relative to the working
-    folder) holds ``lines`` lines, or once stdout has, when ``name`` is "stdout"."""
+    folder) holds ``lines`` lines, or once stdout has, when ``name`` is "stdout"; with
+    ``containing``, only the lines that contain that text are counted."""
 
     name: str
     lines: int
     signum: int = signal.SIGTERM
+    containing: str | None = None
+
+    def count(self, lines: Sequence[str]) -> int:
+        return len(lines) if self.containing is None else sum(self.containing in x for x in lines)
 
 
 def env_for(home: Path, **extra: str) -> dict[str, str]:
@@ -118,10 +123,10 @@ def _launch(
         if stop is None or sent.is_set():
             return
         if stop.name == "stdout":
-            count = len(out)
+            count = stop.count(out)
         else:
             path = cwd / stop.name
-            count = path.read_text().count("\n") if path.exists() else 0
+            count = stop.count(path.read_text().split("\n")[:-1]) if path.exists() else 0  # whole lines
         if count >= stop.lines:
             sent.set()
             with contextlib.suppress(ProcessLookupError):

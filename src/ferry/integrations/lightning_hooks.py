@@ -12,7 +12,8 @@ and ``__wrapped__``, and each doing nothing for a Trainer ferry does not drive (
   state): the training DataLoader is tracked; its position is the trained batches, and on
   resume it continues the saved epoch (its order drawn again, the trained batches skipped at
   the sampler); the random streams come back at its first batch;
-- ``_TrainingEpochLoop.on_run_start``: the epoch's accumulated logged values come back;
+- ``_TrainingEpochLoop.on_run_start``: the resumed epoch's restore point (random streams),
+  and its accumulated logged values come back;
 - ``_TrainingEpochLoop.on_advance_end``: the end of a training batch, after Lightning logged
   it, validated if due and flushed its loggers, is the safe point (where Lightning itself
   honours a SIGTERM); not in the middle of a gradient accumulation;
@@ -90,6 +91,7 @@ class Driven:
         self.handed = False
         self.results: dict[str, Any] | None = None if self.saved is None else self.saved.get("results")
         session.explicit({"model": trainer.lightning_module})  # zero-code discovery steps aside
+        session.framework_drives("Lightning")  # and its loaders are Lightning's
 
     def hand_over(self) -> dict[str, Any] | None:
         """The checkpoint for Lightning to restore from, once."""
@@ -113,13 +115,23 @@ class Driven:
         self.session.track(**{LOADER: torch_loaders[0], NAME: self.state})
         self.session.framework_drives("Lightning", LOADER)
 
+    def epoch_started(self) -> None:
+        """Before the epoch's first batch (or Lightning's pass over a restored validation): the
+        restore point. Lightning asks for no batch of an epoch the checkpoint had finished."""
+        tracker = self.session.loaders.get(LOADER)
+        if tracker is not None and self.session.restore_pending:
+            self.session.at_restore_point(tracker)
+        if self.results is not None:
+            saved, self.results = self.results, None
+            state.apply_results(saved, self.trainer)
+
     def safe_point(self, loop: Any, validated: bool) -> None:
         if self.trainer.should_stop or loop._should_accumulate():
             return  # the fit ends here anyway / gradients are mid-accumulation
         self.state.validated = validated
         tracker = self.session.loaders.get(LOADER)
         if tracker is not None and self.session.driver is tracker:
-            tracker.batches = int(loop.batch_progress.current.completed)  # trained, not fetched
+            tracker.batches = int(loop.batch_progress.current.completed)  # trained (prefetching aside)
         self.session.global_step = int(self.trainer.global_step)
         self.session.step()
 
@@ -186,9 +198,8 @@ def _epoch_start(original: Callable[..., Any]) -> Callable[..., Any]:
     def on_run_start(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
         driven = driving(self.trainer)
-        if driven is not None and driven.results is not None:
-            saved, driven.results = driven.results, None
-            state.apply_results(saved, self.trainer)
+        if driven is not None:
+            driven.epoch_started()
         return result
 
     return on_run_start

@@ -107,12 +107,15 @@ class LoopHooks(Hooks):
         if tracker is self.driver and self.framework is None:
             self.global_step += 1
 
-    def framework_drives(self, framework: str, name: str) -> None:
-        """``framework``'s support has tracked its training loader as ``name``: its loop makes
-        the safe points and counts the steps from now on. It puts its own progress back before
-        its loop runs, so on resume that loader continues the saved epoch at its next iter()."""
-        tracker = self.loaders[name]
+    def framework_drives(self, framework: str, name: str | None = None) -> None:
+        """``framework``'s support drives training: from now on its loop makes the safe points
+        and counts the steps, and zero-code mode tracks no other loader. ``name``: the tracked
+        loader it trains on; it puts its own progress back before its loop runs, so on resume
+        that loader continues the saved epoch at its next iter()."""
         self.framework = framework
+        if name is None:
+            return
+        tracker = self.loaders[name]
         self.driver, self._driver_pinned = tracker, True
         if tracker.resume_at is not None:
             tracker.relative = True

@@ -107,26 +107,30 @@ class Pace(pl.Callback):
         time.sleep(self.val)
 
 
+def canonical(value: Any) -> Any:
+    """A Lightning checkpoint's content, comparable between two working folders: tensors by
+    digest, the folder's own path made relative."""
+    if isinstance(value, torch.Tensor):
+        return digest([value])
+    if isinstance(value, dict):
+        return sorted((canonical(k), canonical(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return [canonical(v) for v in value]
+    if isinstance(value, str):
+        return value.replace(os.getcwd(), ".")
+    return repr(value)
+
+
 def ckpt_digests(folder: Path) -> list[str]:
-    """Each Lightning checkpoint's tensors and loop state, paths made relative."""
+    """Each Lightning checkpoint: its epoch, step and module state, and a digest of all of it
+    (weights, optimizer, schedulers, loops, callbacks)."""
     lines = []
     for path in sorted(folder.glob("*.ckpt")):
         ck = torch.load(path, weights_only=False)
-        cbs = {k.split("{")[0]: v for k, v in ck["callbacks"].items()}
-        mc = cbs["ModelCheckpoint"]
-        best = sorted((os.path.basename(p), s.item()) for p, s in mc["best_k_models"].items())
-        opt = [v for st in ck["optimizer_states"][0]["state"].values() for v in st.values()]
-        lines.append(
-            f"{path.name} epoch={ck['epoch']} step={ck['global_step']} seen={ck['seen']} "
-            f"weights={digest(list(ck['state_dict'].values()))} optimizer={digest(opt)} "
-            f"sched={ck['lr_schedulers'][0]['last_epoch']} loops={hash_of(ck['loops'])} "
-            f"best={best} es={cbs['EarlyStopping']['wait_count']}"
-        )
+        whole = hashlib.sha256(repr(canonical(ck)).encode()).hexdigest()[:16]
+        head = f"{path.name} epoch={ck['epoch']} step={ck['global_step']} seen={ck['seen']}"
+        lines.append(f"{head} all={whole}")
     return lines
-
-
-def hash_of(value: Any) -> str:
-    return hashlib.sha256(repr(value).encode()).hexdigest()[:12]
 
 
 def main() -> None:
