@@ -112,7 +112,16 @@ class Driven:
             )
             self.session.track(**{NAME: self.state})
             return
-        self.session.track(**{LOADER: torch_loaders[0], NAME: self.state})
+        loader = torch_loaders[0]
+        # The loader's iterator is made next, before Lightning sets the sampler's epoch for
+        # the epoch: ferry draws the order when the iterator is made (the epoch a resume
+        # continues needs its own), so the epoch is set now, to what Lightning sets after.
+        epoch = int(self.trainer.fit_loop.epoch_progress.current.processed)
+        samplers: list[Any] = [loader.sampler, getattr(loader.batch_sampler, "sampler", None)]
+        for sampler in samplers:
+            if callable(getattr(sampler, "set_epoch", None)):
+                sampler.set_epoch(epoch)
+        self.session.track(**{LOADER: loader, NAME: self.state})
         self.session.framework_drives("Lightning", LOADER)
 
     def epoch_started(self) -> None:

@@ -28,6 +28,16 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 
+def say(rank: int, line: str) -> None:
+    """Rank 0 prints; other ranks write to ``rank<N>.log`` (two processes printing to one pipe
+    can interleave inside a line)."""
+    if rank == 0:
+        print(line, flush=True)
+    else:
+        with open(f"rank{rank}.log", "a") as out:
+            out.write(line + "\n")
+
+
 def digest(tensors: list[torch.Tensor]) -> str:
     h = hashlib.sha256()
     for t in tensors:
@@ -50,10 +60,9 @@ class Net(pl.LightningModule):
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        rank = self.global_rank
         loss = outputs["loss"].item()
-        print(f"rank {rank} epoch {self.current_epoch} batch {batch_idx} step {self.global_step} "
-              f"loss {loss.hex()} seen {self.seen}", flush=True)  # fmt: skip
+        say(self.global_rank, f"rank {self.global_rank} epoch {self.current_epoch} batch {batch_idx} "
+            f"step {self.global_step} loss {loss.hex()} seen {self.seen}")  # fmt: skip
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         x, y = batch
@@ -61,7 +70,7 @@ class Net(pl.LightningModule):
 
     def on_validation_epoch_start(self) -> None:
         if not self.trainer.sanity_checking:
-            print(f"rank {self.global_rank} validating at step {self.global_step}", flush=True)
+            say(self.global_rank, f"rank {self.global_rank} validating at step {self.global_step}")
 
     def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         return self.net(batch[0])
@@ -169,8 +178,8 @@ def main() -> None:
     trainer.fit(model, data)
     opt = digest([v for st in trainer.optimizers[0].state.values() for v in st.values()])
     weights = digest(list(model.state_dict().values()))
-    print(f"rank {trainer.global_rank} fit done: step {trainer.global_step} epoch {trainer.current_epoch} "
-          f"weights {weights} optimizer {opt}", flush=True)  # fmt: skip
+    say(trainer.global_rank, f"rank {trainer.global_rank} fit done: step {trainer.global_step} "
+        f"epoch {trainer.current_epoch} weights {weights} optimizer {opt}")  # fmt: skip
     out = trainer.predict(model, data)
     if trainer.is_global_zero:
         print("predicted", digest(list(out)))  # type: ignore[arg-type]
