@@ -165,10 +165,17 @@ def _launch(
 
 
 def plain(
-    argv: Sequence[str], cwd: Path, env: dict[str, str], *, scrub: Scrub = no_scrub, timeout: float = 300
+    argv: Sequence[str],
+    cwd: Path,
+    env: dict[str, str],
+    *,
+    stop: StopAfter | None = None,
+    scrub: Scrub = no_scrub,
+    timeout: float = 300,
 ) -> Outcome:
-    """``argv`` (``[sys.executable, script, ...]``) run as it is, in ``cwd``."""
-    return _launch(argv, cwd, env, scrub, None, timeout)
+    """``argv`` (``[sys.executable, script, ...]``) run as it is, in ``cwd`` (``stop``: a
+    script that uses ferry's explicit API, stopped by a signal)."""
+    return _launch(argv, cwd, env, scrub, stop, timeout)
 
 
 def under_ferry(
