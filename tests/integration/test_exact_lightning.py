@@ -40,7 +40,7 @@ def _same_end(final: compat.Outcome, printed: list[str], ref: compat.Outcome) ->
     assert final.stderr == ref.stderr  # no warning the plain run does not print
     assert without_ckpt_files(final) == without_ckpt_files(ref)  # metrics.csv, one version folder
     assert sorted(final.files) == sorted(ref.files)
-    assert final.exit_lag < 5
+    assert final.exit_lag < ref.exit_lag + 10  # exits as the plain run does (Lightning's own exit is slow)
 
 
 def test_stopped_three_times_in_either_mode_resumes_to_the_plain_run(
