@@ -41,3 +41,12 @@ def arm_when_imported(after_import: Callable[[str, Callable[[], None]], None]) -
                 _ARMED.update(m.split(".")[0] for m in chosen.modules)
 
         after_import(module, arm)
+
+
+def _lightning() -> FrameworkSupport:
+    from ferry.integrations.lightning_auto import SUPPORT
+
+    return SUPPORT
+
+
+KNOWN["lightning.pytorch"] = KNOWN["pytorch_lightning"] = _lightning

@@ -287,9 +287,12 @@ def _name(session: Any, dataloader: Any) -> tuple[str, Any]:
 
 
 def _auto_track(dataloader: Any) -> Any:
-    from ferry.state.loader import track_loader
+    from ferry.state.loader import ignore_stops_in_workers, track_loader
 
     session = _session()
+    if session.framework is not None:  # the framework's support keeps its own loaders' positions
+        ignore_stops_in_workers(dataloader, session.signals.signals)
+        return None
     name, identity = _name(session, dataloader)
     track_loader(name, dataloader, session).identity = identity  # before the session resumes it
     try:
