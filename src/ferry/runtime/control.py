@@ -24,7 +24,7 @@ from typing import TypedDict
 
 from ferry.errors import JobError
 from ferry.runtime.jobdir import JobDir, read_json, write_json_atomic
-from ferry.runtime.jobfiles import Response, parse_response
+from ferry.runtime.jobfiles import CheckpointRecord, Response, parse_response
 from ferry.typedjson import SchemaError, parse
 
 log = logging.getLogger("ferry")
@@ -236,3 +236,23 @@ class ControlInbox:
         doc = {"id": rid, "ok": ok, "time": time.time(), **fields}
         with contextlib.suppress(OSError):  # the controller then times out and says so
             write_json_atomic(response_path(self.job, rid), doc)
+
+
+def answer_left(job: JobDir, why: str, stopped_at: CheckpointRecord | None = None) -> int:
+    """Answer and remove every request in ``job``'s ``control/`` that no worker will take: the
+    supervisor's, as the job ends (``why``: how it ended) and as a new run of it starts (a
+    request that came while the last run stopped). None carries over to the next run. A
+    checkpoint or a stop that the job's last stop already did (``stopped_at``: the checkpoint
+    committed at the step it stopped) is answered with that checkpoint, as the worker answers
+    the requests that overtake its stop; any other is refused with ``why``. Returns how many
+    were answered."""
+    inbox = ControlInbox(job)
+    requests = inbox.poll()  # malformed ones are answered (refused) and removed by the poll
+    for r in requests:
+        if stopped_at is not None and r.action in ("checkpoint", "stop"):
+            inbox.respond(r.id, ok=True, step=stopped_at["step"], url=stopped_at["url"],
+                          seconds=stopped_at["seconds"])  # fmt: skip
+        else:
+            log.warning("ferry run: control request %s (%s) not taken: %s", r.id, r.action, why)
+            inbox.respond(r.id, ok=False, error=f"{why}; nothing was done for this {r.action} request")
+    return len(requests)

@@ -73,7 +73,7 @@ class Session(LoopHooks):
         self.config = config or Config.from_env()
         # A warm worker (docs/jobs.md, "Warm migration") waits here, before it looks at the job
         # or writes anything of it, until the worker it replaces has handed its state over.
-        warm_wait = warm.hold()
+        warm_wait = warm.hold(self.config.stop_signals)
         _default_logging()
         if warm_wait is not None:
             log.info("ferry: taking over, after %.1f s at the restore point (a warm migration)", warm_wait)

@@ -16,7 +16,6 @@ import logging
 import math
 import os
 import shlex
-import signal
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -25,9 +24,11 @@ from ferry.config import Config
 from ferry.errors import ConfigError, JobError, bug
 from ferry.knobs import LEFTOVER_SECONDS, POLL_SECONDS, PROCESS_POLL_SECONDS
 from ferry.runtime import handoff
+from ferry.runtime.control import answer_left
 from ferry.runtime.identity import default_job_id
 from ferry.runtime.jobdir import JobDir, write_json_atomic
 from ferry.runtime.rootlock import RootLock
+from ferry.runtime.warmstart import parent_death_signal
 from ferry.schedulers import detect as detect_scheduler
 from ferry.supervisor.decide import Decision, WorkerExit, decide
 from ferry.supervisor.options import RunOptions, check_command
@@ -111,6 +112,7 @@ class Supervisor:
                     worker = self._start()
         finally:
             self.warm.drop("the supervisor is exiting")
+            self._answer_left()
             if self._retiring is not None:
                 self._retiring.abandon(self.options.grace_seconds or LEFTOVER_SECONDS)
             if self.worker is not None:
@@ -118,6 +120,19 @@ class Supervisor:
             if self.root_lock is not None:
                 self.root_lock.release()
             self.job.release_lock()
+
+    def _answer_left(self) -> None:
+        """The job ends: requests that came while it stopped are answered, none carries over."""
+        if self.job is None:
+            return
+        status = self.job.status()
+        state, last = status.get("state", "?"), status.get("last_checkpoint")
+        stopped = state == "checkpointed" and last is not None and last["step"] == status.get("step")
+        why = f"the job is stopping ({state}, exit {status.get('exit_code')})"
+        try:
+            answer_left(self.job, why, last if stopped else None)
+        except OSError as exc:  # the next run answers them
+            log.warning("ferry run: cannot answer the requests left in %s: %s", self.job.control, exc)
 
     # ------------------------------------------------------------------ the worker
     def _user_env(self) -> dict[str, str]:
@@ -130,8 +145,11 @@ class Supervisor:
         return handoff_dir(self.job.path)
 
     def _begin(self) -> None:
-        if self.job is None:
-            raise bug("the supervisor has no job directory")
+        if self.job is None or self.warm is None:
+            raise bug("the supervisor's state is incomplete here (self.job, self.warm)")
+        # Requests that came while the job's last run stopped were for that run, not this one.
+        answer_left(self.job, "the job stopped before it took this request; ask again now")
+        self.warm.refuse_left("the job stopped before it took this request; ask again now")
         try:
             import pwd
 
@@ -307,9 +325,7 @@ class Supervisor:
     def _pdeathsig(self) -> int:
         """What the worker gets when the supervisor dies (SIGKILLed): a stop signal, so that
         it checkpoints and stops rather than trains on unsupervised."""
-        names = self.options.stop_signals
-        name = "SIGTERM" if "SIGTERM" in names or not names else names[0]
-        return int(getattr(signal, name))
+        return parent_death_signal(self.options.stop_signals)
 
     def _watch(self, worker: WorkerGroup) -> int | None:
         """Forward signals until the worker exits; returns its Popen return code, or None
