@@ -25,12 +25,14 @@ from ferry.errors import ConfigError, JobError, bug
 from ferry.knobs import LEFTOVER_SECONDS, POLL_SECONDS, PROCESS_POLL_SECONDS
 from ferry.runtime import handoff
 from ferry.runtime.control import answer_left
-from ferry.runtime.identity import default_job_id
+from ferry.runtime.identity import default_job_id, rendezvous_job_id
 from ferry.runtime.jobdir import JobDir, write_json_atomic
+from ferry.runtime.launch import nodes_of
 from ferry.runtime.rootlock import RootLock
 from ferry.runtime.warmstart import parent_death_signal
 from ferry.schedulers import detect as detect_scheduler
 from ferry.supervisor.decide import Decision, WorkerExit, decide
+from ferry.supervisor.nodes import claim_job_dir, claim_root
 from ferry.supervisor.options import RunOptions, check_command
 from ferry.supervisor.signals import SignalPump
 from ferry.supervisor.stopping import signal_name
@@ -58,7 +60,17 @@ class Supervisor:
         code = self.scheduler.exit_code(self.options.exit_code)
         if code != self.options.exit_code:
             self.options = dataclasses.replace(self.options, exit_code=code)
-        self.job_id = self.options.job_id or self.scheduler.job_id() or default_job_id()
+        # A job on many nodes (one ferry run per node) is one job: each node names it alike.
+        self.nodes = nodes_of(self.command, {**os.environ, **self.options.env})
+        self.node: str | None = None
+        """This node's name among the job's (a job on many nodes), once its directory is claimed."""
+        many = self.nodes.rendezvous if self.nodes.many else None
+        self.job_id = (
+            self.options.job_id
+            or self.scheduler.job_id()
+            or (rendezvous_job_id(many) if many else None)
+            or default_job_id()
+        )
         ckpt = self.options.dir or os.path.join("ferry-checkpoints", self.job_id)
         self.checkpoint_dir = ckpt if "://" in ckpt else os.path.abspath(ckpt)
         self.job: JobDir | None = None
@@ -82,10 +94,11 @@ class Supervisor:
         # The worker's FERRY_* settings: a bad one would otherwise surface in the worker, which
         # would then train unprotected or fail at its first batch.
         Config.from_env({**self._user_env(), "FERRY_DIR": self.checkpoint_dir})
-        self.job = JobDir.create(self.job_id)
-        self.job.acquire_lock()
+        self.job, self.node = claim_job_dir(self.job_id, self.nodes)
         try:
-            self.root_lock = RootLock.acquire(self.checkpoint_dir, self.job_id)
+            self.root_lock = claim_root(
+                self.checkpoint_dir, self.job_id, self.nodes, self.node, self.job.path
+            )
         except BaseException:
             self.job.release_lock()
             raise
@@ -166,6 +179,7 @@ class Supervisor:
             checkpoint_dir=self.checkpoint_dir,
             scheduler=self.scheduler.name,
             scheduler_restarts=self.scheduler.restart_count(),
+            **({} if self.node is None else {"node": self.node, "nodes": self.nodes.count}),
         )
         # A new run: what the previous one concluded no longer holds (checkpoints stay listed).
         self.job.update_status(
@@ -181,9 +195,11 @@ class Supervisor:
             started=time.time(),
         )
         self.job.event("run_start", supervisor_pid=os.getpid(), command=self.command)
+        where = "" if self.node is None else f", {self.node} of {self.nodes.count} nodes"
         log.info(
-            "ferry run: job %s (job directory %s), checkpoints under %s",
+            "ferry run: job %s%s (job directory %s), checkpoints under %s",
             self.job_id,
+            where,
             self.job.path,
             self.checkpoint_dir,
         )
@@ -319,7 +335,7 @@ class Supervisor:
         stay held while it lives, whatever happens to the supervisor."""
         if self.job is None:
             raise bug("the supervisor has no job directory")
-        fds = [self.job.lock_fd, None if self.root_lock is None else self.root_lock.fd]
+        fds = (self.job.lock_fd, *(() if self.root_lock is None else self.root_lock.fds))
         return tuple(fd for fd in fds if fd is not None)
 
     def _pdeathsig(self) -> int:
@@ -423,9 +439,11 @@ class Supervisor:
         restart = status.get("restart")
         stop = self.pump.stop_signal
         started = float(status.get("worker_started", 0) or 0)
+        since = float(status.get("updated", 0)) >= started  # written by this worker (or about it)
         exited = WorkerExit(
             returncode=returncode,
-            checkpointed=status.get("state") == "checkpointed" and float(status.get("updated", 0)) >= started,
+            checkpointed=status.get("state") == "checkpointed" and since,
+            error=status.get("error") if status.get("state") == "failed" and since else None,
             stop_signal=signal_name(stop) if stop is not None else None,
             killed=self.pump.killed,
             progress=self.pump.progress,
