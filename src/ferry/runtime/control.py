@@ -24,7 +24,7 @@ from typing import TypedDict
 
 from ferry.errors import JobError
 from ferry.runtime.jobdir import JobDir, read_json, write_json_atomic
-from ferry.runtime.jobfiles import CheckpointRecord, Response, parse_response
+from ferry.runtime.jobfiles import Response, parse_response
 from ferry.typedjson import SchemaError, parse
 
 log = logging.getLogger("ferry")
@@ -238,14 +238,21 @@ class ControlInbox:
             write_json_atomic(response_path(self.job, rid), doc)
 
 
-def answer_left(job: JobDir, why: str, stopped_at: CheckpointRecord | None = None) -> int:
+def answer_left(job: JobDir, why: str | None) -> int:
     """Answer and remove every request in ``job``'s ``control/`` that no worker will take: the
-    supervisor's, as the job ends (``why``: how it ended) and as a new run of it starts (a
-    request that came while the last run stopped). None carries over to the next run. A
-    checkpoint or a stop that the job's last stop already did (``stopped_at``: the checkpoint
-    committed at the step it stopped) is answered with that checkpoint, as the worker answers
-    the requests that overtake its stop; any other is refused with ``why``. Returns how many
-    were answered."""
+    supervisor's, as a new run of the job starts (``why``: a request that came while the last
+    run stopped) and as the job ends (``why`` None: it is stopping). None carries over to the
+    next run. At the end, a checkpoint or a stop that the job's stop already did (it ended
+    checkpointed, its last checkpoint at the step it stopped) is answered with that checkpoint,
+    as the worker answers the requests that overtake its stop; any other is refused, saying so.
+    Returns how many were answered."""
+    status = job.status()
+    state, last = status.get("state", "?"), status.get("last_checkpoint")
+    stopped_at = None
+    if why is None:
+        why = f"the job is stopping ({state}, exit {status.get('exit_code')})"
+        if state == "checkpointed" and last is not None and last["step"] == status.get("step"):
+            stopped_at = last
     inbox = ControlInbox(job)
     requests = inbox.poll()  # malformed ones are answered (refused) and removed by the poll
     for r in requests:

@@ -136,16 +136,11 @@ class Supervisor:
 
     def _answer_left(self) -> None:
         """The job ends: requests that came while it stopped are answered, none carries over."""
-        if self.job is None:
-            return
-        status = self.job.status()
-        state, last = status.get("state", "?"), status.get("last_checkpoint")
-        stopped = state == "checkpointed" and last is not None and last["step"] == status.get("step")
-        why = f"the job is stopping ({state}, exit {status.get('exit_code')})"
-        try:
-            answer_left(self.job, why, last if stopped else None)
-        except OSError as exc:  # the next run answers them
-            log.warning("ferry run: cannot answer the requests left in %s: %s", self.job.control, exc)
+        if self.job is not None:
+            try:
+                answer_left(self.job, None)
+            except OSError as exc:  # the next run answers them
+                log.warning("ferry run: cannot answer the requests left in %s: %s", self.job.control, exc)
 
     # ------------------------------------------------------------------ the worker
     def _user_env(self) -> dict[str, str]:
