@@ -12,6 +12,7 @@ import pytest
 
 from ferry.errors import JobError
 from ferry.ops.jobs import find_job, job_nodes
+from ferry.ops.requests import send
 from ferry.runtime.identity import rendezvous_job_id
 from ferry.runtime.jobdir import JobDir, node_dir_name
 from ferry.runtime.launch import Nodes, nodes_of, rank_exit_code, torchrun_options
@@ -153,6 +154,8 @@ def test_any_node_finds_the_job_and_lists_its_nodes(tmp_path: Path, monkeypatch:
         ("node1", "b", True, "running"),
     ]
     assert job_nodes(find_job("other")) == []
+    with pytest.raises(JobError, match="cannot restart job j in place: it runs on 2 nodes"):
+        send(found, "restart", {})
     for lock in locks:
         assert lock is not None
         lock.release()
@@ -169,6 +172,14 @@ def test_a_rank_silent_longer_than_the_stall_is_named() -> None:
     assert silence.silent(5.0, now=6.5) == (2, b"1 h2 1")
     assert describe(2, b"1 h2 1") == "rank 2 (node 1, host h2)"
     assert describe(7, None) == "rank 7"
+
+
+def test_a_watcher_that_did_not_run_blames_no_peer() -> None:
+    silence = Silence([1], now=0.0)
+    silence.read({1: b"1 h 0"}, now=1.0)
+    silence.resume(now=100.0)  # the watcher's own node was stopped for 99 s
+    silence.read({1: b"1 h 0"}, now=100.5)
+    assert silence.silent(3.0, now=101.0) is None
 
 
 def test_a_store_that_stops_answering_counts_as_silence() -> None:

@@ -42,6 +42,12 @@ class Silence:
         self.heard: dict[int, tuple[bytes | None, float]] = {r: (None, now) for r in ranks}
         self.store_ok = now
 
+    def resume(self, now: float) -> None:
+        """The watcher itself did not run for a while (its node was stopped, or descheduled):
+        what it did not see is no peer's silence; every rank is heard from as of now."""
+        self.store_ok = now
+        self.heard = {rank: (value, now) for rank, (value, _) in self.heard.items()}
+
     def read(self, values: dict[int, bytes], now: float) -> None:
         self.store_ok = now
         for rank, value in values.items():
@@ -115,7 +121,12 @@ class PeerWatch:
     def _run(self) -> None:
         others = [r for r in range(self.world_size) if r != self.rank]
         silence = Silence(others, time.monotonic())
-        while not self._stop.wait(beat_interval(self.stall)):
+        every = beat_interval(self.stall)
+        last = time.monotonic()
+        while not self._stop.wait(every):
+            if time.monotonic() - last > 2 * every + 1.0:
+                silence.resume(time.monotonic())
+            last = time.monotonic()
             with contextlib.suppress(Exception):  # a store not answering is seen by the watch
                 self.beat()
             if self.watch:
