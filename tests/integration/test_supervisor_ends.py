@@ -25,11 +25,11 @@ pytestmark = pytest.mark.integration
 EXIT_CHECKPOINTED = 85
 
 
-def command(tmp: Path, *hooks: str) -> list[str]:
-    """train_explicit.py with its defaults (the ``reference`` run's results), slow while the
-    test needs it (the file ``slow`` exists)."""
+def command(tmp: Path, *hooks: str, sleep: float = 0.15) -> list[str]:
+    """train_explicit.py with its defaults (the ``reference`` run's results), ``sleep`` s a step
+    while the test needs it (the file ``slow`` exists)."""
     return [sys.executable, str(SCRIPTS / "launcher_wrap.py"), *hooks, "--out", str(tmp / "run"),
-            "--sleep", "0.15", "--sleep-while", str(tmp / "slow")]  # fmt: skip
+            "--sleep", str(sleep), "--sleep-while", str(tmp / "slow")]  # fmt: skip
 
 
 def stops(path: Path, since: float) -> list[int]:
@@ -91,7 +91,8 @@ def test_sigkill_of_ferry_run_after_a_warm_take_over_checkpoints_and_resumes_exa
     reference = reference_run(tmp_path_factory, args=epochs)
     home, path = tmp_path / "home", tmp_path / "home" / "jobs" / "w"
     (tmp_path / "slow").touch()
-    proc = start(home, "w", tmp_path / "ck", [*command(tmp_path), *epochs], "--restarts", "1")
+    # 120 steps of 0.4 s: room for a warm worker's start (python and torch) on a busy machine
+    proc = start(home, "w", tmp_path / "ck", [*command(tmp_path, sleep=0.4), *epochs], "--restarts", "1")
     wait_for("training to reach step 3", training(path), proc)
     moved = ferry(home, "migrate", "w", "--to", "1", "--unchecked-devices", "--timeout", "60", "--json")
     assert moved.exit_code == 0, moved.output

@@ -208,7 +208,8 @@ class RankedCheckpointer:
         self._shard_group: Any = None
         self._fatal = on_fatal or end_rank
         self._agreements = 0
-        self.watch = None if config.stall_seconds is None else self._peer_watch(config.stall_seconds)
+        alone = self.world_size == 1  # a one-rank group (DCP's): no peer to wait for, no node to miss
+        self.watch = None if config.stall_seconds is None or alone else self._peer_watch(config.stall_seconds)
 
     def _peer_watch(self, stall: float) -> PeerWatch:
         store = self.group.store(max(stall / 2, 1.0))
@@ -221,7 +222,7 @@ class RankedCheckpointer:
         """After the ranks' first agreements (the same on every rank): the root must be one
         the nodes share (first), and the ranks watch each other from the second on."""
         self._agreements += 1
-        if self._agreements == 1:
+        if self._agreements == 1 and self.world_size > 1:
             blind = self.group.blind_to(self.config.dir)
             if blind:
                 ranks = ", ".join(f"rank {r} (node {n})" for r, n in blind[:8]) + (
