@@ -16,6 +16,8 @@ import pytest
 SLOW_MODULES = {
     "test_chaos.py",
     "test_slurm.py",
+    "test_slurm_nodes.py",
+    "test_many_nodes.py",
     "test_htcondor.py",
     "test_kubernetes.py",
     "test_integrations.py",

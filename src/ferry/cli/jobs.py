@@ -19,7 +19,7 @@ from ferry.cli.output import clock, emit_json, human_bytes, json_option, table
 from ferry.cli.params import check_timeout
 from ferry.errors import ConfigError, FerryError, JobError
 from ferry.knobs import CHECKPOINT_EXIT_CODE, REQUEST_TIMEOUT_SECONDS
-from ferry.ops.jobs import JobRecord, find_job, list_jobs, process_name
+from ferry.ops.jobs import JobRecord, find_job, job_nodes, list_jobs, process_name
 from ferry.ops.requests import save_in_flight, send, wait_answer
 from ferry.process import nvml
 from ferry.progress import meter_for
@@ -127,7 +127,7 @@ def list_cmd(show_all: bool, as_json: bool) -> None:
     if jobs:
         rows = [
             [
-                j["id"],
+                j["id"] if j["node"] is None else f"{j['id']} ({j['node']} of {j['nodes']})",
                 j["host"] or "-",
                 j["pid"] or "-",
                 j["state"],
@@ -174,15 +174,25 @@ def status_cmd(job: str, as_json: bool) -> None:
     s = record.summary()
     history = record.status.get("checkpoints", [])
     saving = save_in_flight(record)
+    nodes = job_nodes(record)
     if as_json:
-        emit_json({**s, "status": record.status, "identity": record.identity, "saving": saving})
+        emit_json(
+            {**s, "status": record.status, "identity": record.identity, "saving": saving, "job_nodes": nodes}
+        )
         return
-    click.echo(f"job {s['id']}: {s['state']} at step {s['step']}  (job directory {s['job_dir']})")
+    node = "" if s["node"] is None else f" on {s['nodes']} nodes (this is {s['node']})"
+    click.echo(f"job {s['id']}{node}: {s['state']} at step {s['step']}  (job directory {s['job_dir']})")
     click.echo(f"  command      {shlex.join(s['command'])}")
     click.echo(f"  host         {s['host'] or '-'}   started {clock(s['started'])}")
     click.echo(f"  worker pid   {s['pid']}   supervisor pid {s['supervisor_pid'] or '-'}")
     click.echo(f"  devices      {s['devices'] or ('-' if not s['alive'] else '(all visible)')}")
     click.echo(f"  checkpoints  {s['checkpoint_dir']}")
+    for n in nodes:
+        here = "  (this one)" if n["job_dir"] == record.dir.path else ""
+        click.echo(
+            f"  {n['node']:<12} {n['host'] or '?'}: {n['state'] or ('alive' if n['alive'] else 'gone')}, "
+            f"supervisor pid {n['supervisor_pid'] or '-'}{here}"
+        )
     error = record.status.get("error")
     if error:
         click.echo(f"  error        {error}")
