@@ -25,7 +25,8 @@ from ferry.config import Config
 from ferry.errors import ConfigError, JobError, bug
 from ferry.knobs import LEFTOVER_SECONDS, POLL_SECONDS, PROCESS_POLL_SECONDS
 from ferry.runtime import handoff
-from ferry.runtime.identity import default_job_id
+from ferry.runtime.finished import finished_line, start_over, write_finished
+from ferry.runtime.identity import choose_identity
 from ferry.runtime.jobdir import JobDir, write_json_atomic
 from ferry.runtime.rootlock import RootLock
 from ferry.schedulers import detect as detect_scheduler
@@ -57,7 +58,14 @@ class Supervisor:
         code = self.scheduler.exit_code(self.options.exit_code)
         if code != self.options.exit_code:
             self.options = dataclasses.replace(self.options, exit_code=code)
-        self.job_id = self.options.job_id or self.scheduler.job_id() or default_job_id()
+        self.identity = choose_identity(
+            given=self.options.job_id,
+            scheduler=self.scheduler.name,
+            scheduler_id=self.scheduler.job_id(),
+            command=self.command,
+            cwd=os.getcwd(),
+        )
+        self.job_id = self.identity.id
         ckpt = self.options.dir or os.path.join("ferry-checkpoints", self.job_id)
         self.checkpoint_dir = ckpt if "://" in ckpt else os.path.abspath(ckpt)
         self.job: JobDir | None = None
@@ -81,6 +89,10 @@ class Supervisor:
         # The worker's FERRY_* settings: a bad one would otherwise surface in the worker, which
         # would then train unprotected or fail at its first batch.
         Config.from_env({**self._user_env(), "FERRY_DIR": self.checkpoint_dir})
+        done = None if self.options.fresh else finished_line(self.checkpoint_dir)
+        if done is not None:  # its root says it finished: nothing to train
+            log.info("%s", done)
+            return 0
         self.job = JobDir.create(self.job_id)
         self.job.acquire_lock()
         try:
@@ -132,6 +144,8 @@ class Supervisor:
     def _begin(self) -> None:
         if self.job is None:
             raise bug("the supervisor has no job directory")
+        if self.options.fresh:
+            log.info("%s", start_over(self.checkpoint_dir))
         try:
             import pwd
 
@@ -163,11 +177,12 @@ class Supervisor:
             started=time.time(),
         )
         self.job.event("run_start", supervisor_pid=os.getpid(), command=self.command)
+        log.info("ferry run: job %s (%s)", self.job_id, self.identity.why)
         log.info(
-            "ferry run: job %s (job directory %s), checkpoints under %s",
-            self.job_id,
-            self.job.path,
+            "ferry run: checkpoints under %s (%s); job directory %s",
             self.checkpoint_dir,
+            "--dir" if self.options.dir else "the default: ./ferry-checkpoints/JOB",
+            self.job.path,
         )
 
     def _env(self, user: dict[str, str]) -> dict[str, str]:
@@ -480,6 +495,13 @@ class Supervisor:
         if state == "failed":
             fields["error"] = message
         self.job.update_status(state, **fields)
+        stopped = self.pump is not None and self.pump.stop_signal is not None  # it ended early
+        if state == "finished" and not stopped:  # a run of this job again says so, trains nothing
+            warning = write_finished(
+                self.checkpoint_dir, job=self.job_id, step=self.job.status().get("step"), command=self.command
+            )
+            if warning is not None:
+                log.warning("%s", warning)
         self.job.event("run_end", state=state, exit_code=code, message=message)
         (log.info if state != "failed" else log.error)("ferry run: %s; exit %d", message, code)
         return code
