@@ -21,6 +21,7 @@ from ferry.ops import migrate as ops
 from ferry.ops.jobs import find_job
 from ferry.ops.warmresume import BundleGate
 from ferry.progress import Progress, meter_for
+from ferry.runtime.finished import clear_finished
 from ferry.runtime.identity import default_job_id
 from ferry.supervisor import RunOptions, Supervisor
 from ferry.supervisor.options import MAX_RESTARTS, check_command
@@ -274,6 +275,7 @@ def _resume_warm(
         grace_seconds=None if grace == 0 else grace,
         resume_command=again,
     )
+    clear_finished(target)  # started again on purpose: an older run's end does not stand
     gate = BundleGate(source, target, command, progress)
     code = Supervisor(command, options, gate=gate).run()
     if as_json:

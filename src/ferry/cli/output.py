@@ -24,8 +24,9 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def clip(text: str, width: int) -> str:
-    """``text`` cut to ``width`` characters, its end marked with an ellipsis when it was cut."""
-    return text if len(text) <= width else text[: width - 1] + "\u2026"
+    """``text`` cut to ``width`` characters, its end marked with an ellipsis (``...``, which
+    every terminal's encoding has) when it was cut."""
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def human_bytes(n: float) -> str:

@@ -11,8 +11,10 @@ host and under any job id.
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TypedDict
 
 from ferry.errors import FerryError
@@ -73,17 +75,44 @@ def read_finished(root: str) -> Finished | None:
         return None
 
 
-def finished_line(root: str) -> str | None:
-    """What ``ferry run`` says instead of training a job whose root records its end; None
-    when it does not."""
-    done = read_finished(root)
-    if done is None:
+@dataclass(frozen=True)
+class Verdict:
+    """What ``ferry run`` makes of a root's record, before it starts anything."""
+
+    done: bool
+    """The same command finished there: nothing to train (exit 0)."""
+    line: str
+    """What it says: why it trains nothing, or the warning with which it goes on."""
+
+
+def verdict(root: str, command: Sequence[str]) -> Verdict | None:
+    """None where the root records no end. The same command line that finished there: done.
+    Another one (more epochs, a new --job-id on the same --dir) finished there: it goes on
+    from the root's newest checkpoint, as it would have without the record, which is
+    removed (the root is this command's from now on), with a warning that names the steps
+    it may train again."""
+    record = read_finished(root)
+    if record is None:
         return None
-    at = time.strftime("%Y-%m-%d %H:%M", time.localtime(done["time"]))
-    step = "?" if done["step"] is None else done["step"]
-    return (
-        f"ferry run: job {done['job']} finished at step {step} on {at} ({root}/{FINISHED}): "
-        "nothing to do; run it with --fresh to train it again from scratch"
+    at = time.strftime("%Y-%m-%d %H:%M", time.localtime(record["time"]))
+    step = "?" if record["step"] is None else record["step"]
+    if record["command"] == list(command):
+        return Verdict(
+            True,
+            f"ferry run: job {record['job']} finished at step {step} on {at} ({root}/{FINISHED}): "
+            "nothing to do; run it with --fresh to train it again from scratch",
+        )
+    from ferry.engine.catalog import list_checkpoints
+
+    refs = list_checkpoints(open_storage(root))
+    newest = refs[-1].step if refs else None
+    clear_finished(root)
+    return Verdict(
+        False,
+        f"ferry run: warning: {root} holds a job that finished at step {step} on {at} with another "
+        f"command line ({shlex.join(record['command'])}); this one goes on from its newest "
+        f"checkpoint, step {newest}"
+        + ("" if newest == record["step"] else ", and may train steps after it again"),
     )
 
 

@@ -25,7 +25,7 @@ from ferry.config import Config
 from ferry.errors import ConfigError, JobError, bug
 from ferry.knobs import LEFTOVER_SECONDS, POLL_SECONDS, PROCESS_POLL_SECONDS
 from ferry.runtime import handoff
-from ferry.runtime.finished import finished_line, start_over, write_finished
+from ferry.runtime.finished import start_over, verdict, write_finished
 from ferry.runtime.identity import choose_identity
 from ferry.runtime.jobdir import JobDir, write_json_atomic
 from ferry.runtime.rootlock import RootLock
@@ -89,10 +89,13 @@ class Supervisor:
         # The worker's FERRY_* settings: a bad one would otherwise surface in the worker, which
         # would then train unprotected or fail at its first batch.
         Config.from_env({**self._user_env(), "FERRY_DIR": self.checkpoint_dir})
-        done = None if self.options.fresh else finished_line(self.checkpoint_dir)
-        if done is not None:  # its root says it finished: nothing to train
-            log.info("%s", done)
-            return 0
+        # ferry resume starts a job again on purpose (and clears the record of its root)
+        again = self.options.fresh or self.options.resume_command is not None
+        finished = None if again else verdict(self.checkpoint_dir, self.command)
+        if finished is not None:
+            (log.info if finished.done else log.warning)("%s", finished.line)
+            if finished.done:  # this command finished there: nothing to train
+                return 0
         self.job = JobDir.create(self.job_id)
         self.job.acquire_lock()
         try:
