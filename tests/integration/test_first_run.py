@@ -6,7 +6,6 @@ script found in the job's own working directory."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from ferry.ops import report
+from ferry.ops.jobs import JobRecord
 from ferry.runtime.jobdir import JobDir
 
 from trainrun import SCRIPTS, env_for, wait_for
@@ -73,12 +74,10 @@ def test_rerun_resumes_finished_stays_finished_and_a_bundle_resumes_anywhere(tmp
     assert lines(work / "out" / "log.txt") == trained
 
     # 4. one report for both runs: the stop and the resume on one time axis
-    pytest.importorskip("matplotlib")
-    report = subprocess.run([*FERRY, "report", job, "-o", str(tmp_path / "r.html"), "--json"],
-                            cwd=work, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert report.returncode == 0, report.stderr
-    summary = json.loads(report.stdout)
-    assert summary["runs"] == 2 and [m["kind"] for m in summary["marks"]] == ["stop", "resume"], summary
+    records = [JobRecord.load(str(job_dir))]
+    events, last = report.merged(report.lineage(records[0], records))
+    timeline = report.build(job, events, last)
+    assert timeline.runs == 2 and [m["kind"] for m in timeline.marks] == ["stop", "resume"], timeline.marks
 
     # 5. its bundle resumes from any folder: the script is found where the job ran
     bundle = tmp_path / "bundle"
