@@ -311,7 +311,7 @@ def not_a_job_message(pid: int) -> str:
         f"pid {pid} ({process_name(pid)[:60]}) is not a ferry job: it was not started under "
         "`ferry run` and runs no ferry session, so ferry cannot ask it for a framework-level "
         "checkpoint, migrate or export it. For a CUDA process, `ferry suspend PID` / `ferry wake "
-        "PID --map ...` checkpoint its GPU state at the process level (docs/process.md); to make "
+        "PID --map ...` checkpoint its GPU state at the process level (`ferry help process`); to make "
         "it a ferry job, restart it as `ferry run -- COMMAND`"
     )
 

@@ -195,7 +195,7 @@ class Reporter:
         name = signal.Signals(signum).name
         log.warning(
             "ferry: %s asked for a checkpoint and stop, but the script reached no safe point after "
-            "it and ended at step %d without one; docs/zero-code.md says which loops have safe points",
+            "it and ended at step %d without one; `ferry help zero-code` says which loops have safe points",
             name,
             step,
         )

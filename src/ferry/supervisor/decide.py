@@ -16,7 +16,6 @@ operator) wants the job gone. The rules and the files are documented in docs/job
 from __future__ import annotations
 
 import logging
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -115,12 +114,13 @@ def exit_status(returncode: int) -> int:
 
 def resume_hint(options: RunOptions, checkpoint_dir: str) -> str:
     """How to resume a stopped job: the command given for it (``ferry resume``'s), else the
-    same command when it names its job or its folder."""
+    same command (its job id is the same: given, the scheduler's, or made of the working
+    directory and the command line)."""
     if options.resume_command:
         return f"to resume, run: {options.resume_command}"
-    if options.dir or options.job_id:
-        return "run the same command again to resume"
-    return f"to resume, run it again with --dir {shlex.quote(checkpoint_dir)}"
+    if options.fresh:
+        return "run the same command again, in the same folder and without --fresh, to resume"
+    return "run the same command again, in the same folder, to resume"
 
 
 def decide(w: WorkerExit, o: RunOptions, checkpoint_dir: str) -> Decision:

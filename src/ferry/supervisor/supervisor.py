@@ -25,7 +25,8 @@ from ferry.errors import ConfigError, JobError, bug
 from ferry.knobs import LEFTOVER_SECONDS, POLL_SECONDS, PROCESS_POLL_SECONDS
 from ferry.runtime import handoff
 from ferry.runtime.control import answer_left
-from ferry.runtime.identity import default_job_id, rendezvous_job_id
+from ferry.runtime.finished import start_over, verdict, write_finished
+from ferry.runtime.identity import choose_identity
 from ferry.runtime.jobdir import JobDir, write_json_atomic
 from ferry.runtime.launch import nodes_of
 from ferry.runtime.rootlock import RootLock
@@ -64,13 +65,15 @@ class Supervisor:
         self.nodes = nodes_of(self.command, {**os.environ, **self.options.env})
         self.node: str | None = None
         """This node's name among the job's (a job on many nodes), once its directory is claimed."""
-        many = self.nodes.rendezvous if self.nodes.many else None
-        self.job_id = (
-            self.options.job_id
-            or self.scheduler.job_id()
-            or (rendezvous_job_id(many) if many else None)
-            or default_job_id()
+        self.identity = choose_identity(
+            given=self.options.job_id,
+            scheduler=self.scheduler.name,
+            scheduler_id=self.scheduler.job_id(),
+            command=self.command,
+            cwd=os.getcwd(),
+            rendezvous=self.nodes.rendezvous if self.nodes.many else None,
         )
+        self.job_id = self.identity.id
         ckpt = self.options.dir or os.path.join("ferry-checkpoints", self.job_id)
         self.checkpoint_dir = ckpt if "://" in ckpt else os.path.abspath(ckpt)
         self.job: JobDir | None = None
@@ -94,6 +97,13 @@ class Supervisor:
         # The worker's FERRY_* settings: a bad one would otherwise surface in the worker, which
         # would then train unprotected or fail at its first batch.
         Config.from_env({**self._user_env(), "FERRY_DIR": self.checkpoint_dir})
+        # ferry resume starts a job again on purpose (and clears the record of its root)
+        again = self.options.fresh or self.options.resume_command is not None
+        finished = None if again else verdict(self.checkpoint_dir, self.command)
+        if finished is not None:
+            (log.info if finished.done else log.warning)("%s", finished.line)
+            if finished.done:  # this command finished there: nothing to train
+                return 0
         self.job, self.node = claim_job_dir(self.job_id, self.nodes)
         try:
             self.root_lock = claim_root(
@@ -158,6 +168,8 @@ class Supervisor:
         # Requests that came while the job's last run stopped were for that run, not this one.
         answer_left(self.job, "the job stopped before it took this request; ask again now")
         self.warm.refuse_left("the job stopped before it took this request; ask again now")
+        if self.options.fresh:
+            log.info("%s", start_over(self.checkpoint_dir))
         try:
             import pwd
 
@@ -191,12 +203,12 @@ class Supervisor:
         )
         self.job.event("run_start", supervisor_pid=os.getpid(), command=self.command)
         where = "" if self.node is None else f", {self.node} of {self.nodes.count} nodes"
+        log.info("ferry run: job %s%s (%s)", self.job_id, where, self.identity.why)
         log.info(
-            "ferry run: job %s%s (job directory %s), checkpoints under %s",
-            self.job_id,
-            where,
-            self.job.path,
+            "ferry run: checkpoints under %s (%s); job directory %s",
             self.checkpoint_dir,
+            "--dir" if self.options.dir else "the default: ./ferry-checkpoints/JOB",
+            self.job.path,
         )
 
     def _env(self, user: dict[str, str]) -> dict[str, str]:
@@ -509,6 +521,13 @@ class Supervisor:
         if state == "failed":
             fields["error"] = message
         self.job.update_status(state, **fields)
+        stopped = self.pump is not None and self.pump.stop_signal is not None  # it ended early
+        if state == "finished" and not stopped:  # a run of this job again says so, trains nothing
+            warning = write_finished(
+                self.checkpoint_dir, job=self.job_id, step=self.job.status().get("step"), command=self.command
+            )
+            if warning is not None:
+                log.warning("%s", warning)
         self.job.event("run_end", state=state, exit_code=code, message=message)
         (log.info if state != "failed" else log.error)("ferry run: %s; exit %d", message, code)
         return code
