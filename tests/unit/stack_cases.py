@@ -118,6 +118,13 @@ def match_statement(items: list[Any]) -> Kinds:
     return seen
 
 
+def enumerate_count_set() -> Kinds:
+    """An ``enumerate``'s next index, written in place (it has no ``__setstate__``)."""
+    it = enumerate("abc")
+    ok = stack.set_enumerate_count(it, 40)
+    return [str(ok), repr(next(it))]
+
+
 CASES: dict[str, Callable[[], Kinds]] = {
     "closure_over_arguments": lambda: closure_over_arguments([1, 2, 3], {"lr": 1}),
     "nested_function_with_free_variables": lambda: nested_function_with_free_variables([1, 2]),
@@ -126,6 +133,7 @@ CASES: dict[str, Callable[[], Kinds]] = {
     "with_and_try": lambda: with_and_try([1, 2]),
     "in_an_exception_handler": lambda: in_an_exception_handler([-1, 2]),
     "match_statement": lambda: match_statement([{"k": 1}, (1, 2)]),
+    "enumerate_count_set": enumerate_count_set,
 }
 
 
@@ -139,6 +147,7 @@ def expected(version: tuple[int, int]) -> dict[str, Kinds]:
         "with_and_try": ["range_iterator", "list_iterator"],
         "in_an_exception_handler": ["map"],
         "match_statement": ["list_iterator"],
+        "enumerate_count_set": ["True", "(40, 'a')"],
     }
 
 
