@@ -17,7 +17,7 @@ import torch
 
 from ferry.autotrack import stack
 from ferry.autotrack.keeper import LoopKeeper
-from ferry.state import framestate
+from ferry.state import frameparse, framestate
 
 pytestmark = pytest.mark.skipif(
     not stack.supported(), reason="frame stacks readable on CPython 3.11-3.13 only"
@@ -59,7 +59,7 @@ def _loop(n: int, stop_at: range, saved: SimpleNamespace, log: deque[Any], args:
     for epoch in range(n):
         for i, x in enumerate([10, 20, 30]):
             if saved.frames is not None and not saved.done:  # the resumed run's restore point
-                framestate.parse(saved.frames, "test")  # as a resume parses it
+                frameparse.parse(saved.frames, "test")  # as a resume parses it
                 keeper.restore(saved.frames)
                 saved.done = True
                 assert alias is results  # names that held one list hold one list again
@@ -101,7 +101,7 @@ def _saved() -> SimpleNamespace:
 def test_the_section_holds_what_each_name_held() -> None:
     saved = _saved()
     _loop(3, range(5, 6), saved, deque(), {"scale": 2})
-    section = framestate.parse(saved.frames, "test")
+    section = frameparse.parse(saved.frames, "test")
     assert isinstance(section, framestate.Section)
     frame = section.frames[-1]
     assert frame.qualname.endswith("_loop")
@@ -132,7 +132,7 @@ def test_a_loop_over_enumerate_in_a_function_with_a_closure_over_its_arguments(
 
     saved = train_one_epoch([5, 6, 7, 8], {"lr": 1})
     assert capsys.readouterr().err == ""
-    frame = framestate.parse(saved, "test").frames[-1]  # type: ignore[union-attr]
+    frame = frameparse.parse(saved, "test").frames[-1]  # type: ignore[union-attr]
     (loop,) = frame.loops
     assert loop.state == framestate.LoopState(
         "enumerate", framestate.Enumerated(3, framestate.LoopState("list_iterator", 3))
@@ -155,7 +155,7 @@ def test_frames_whose_code_changed_are_not_written(capsys: pytest.CaptureFixture
 
 def test_a_section_from_an_earlier_ferry_is_not_restored(capsys: pytest.CaptureFixture[str]) -> None:
     old = {"by": "loader", "model": None, "frames": [{"file": "x.py", "qualname": "f", "line": 1}]}
-    assert isinstance(framestate.parse(old, "test"), framestate.Legacy)
+    assert isinstance(frameparse.parse(old, "test"), framestate.Legacy)
     assert LoopKeeper().restore(old) == {}
     assert "written by an earlier ferry, which did not record the loop's code" in capsys.readouterr().err
 
@@ -169,11 +169,11 @@ def test_a_resumed_run_takes_its_baseline_before_restoring(capsys: pytest.Captur
     keeper = LoopKeeper()
     keeper.examine({}, None)  # the first safe point: tokens as the set-up made them
     saved = keeper.capture({}, None)
-    entry = framestate.parse(saved, "test").frames[-1].values["holder"].attrs["tokens"]  # type: ignore[union-attr]
+    entry = frameparse.parse(saved, "test").frames[-1].values["holder"].attrs["tokens"]  # type: ignore[union-attr]
     assert entry.kind == "fingerprint"
     holder.tokens = big + 1  # changed by training: kept whole at the next checkpoint
     saved = keeper.capture({}, None)
-    entry = framestate.parse(saved, "test").frames[-1].values["holder"].attrs["tokens"]  # type: ignore[union-attr]
+    entry = frameparse.parse(saved, "test").frames[-1].values["holder"].attrs["tokens"]  # type: ignore[union-attr]
     assert entry.kind == "value" and entry.value.sum() == big.size
     holder.tokens = big
     assert sys.getrefcount(big) > 1

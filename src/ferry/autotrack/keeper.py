@@ -16,7 +16,8 @@ from torch import nn
 from ferry.autotrack import codeid, frames, restore
 from ferry.autotrack.values import Digests, Values, Watched
 from ferry.errors import CorruptCheckpointError
-from ferry.state.framestate import PRIMITIVES, Fingerprint, Legacy, Section, is_name, is_plain, parse
+from ferry.state.frameparse import parse
+from ferry.state.framestate import PRIMITIVES, Fingerprint, Legacy, Section, is_name, is_plain
 
 log = logging.getLogger("ferry")
 

@@ -27,7 +27,7 @@ from torch import nn
 from ferry.engine import sharded
 from ferry.engine.apply import apply_state
 from ferry.errors import CorruptCheckpointError
-from ferry.state import framestate
+from ferry.state import frameparse
 from ferry.state.grads import Gradients
 from ferry.state.loader import LoaderTracker
 from ferry.state.rng import GlobalRNG
@@ -174,7 +174,7 @@ def _corrupt(where: str, field: str, expected: str) -> CorruptCheckpointError:
 def _frames(value: Any, where: str) -> dict[str, Any]:
     """Zero-code mode's frame state, checked before anything reads it (untrusted input that
     the resume writes into running frames: ``framestate.py``)."""
-    framestate.parse(value, where)
+    frameparse.parse(value, where)
     return _dict(value, where, "ferry.frames")
 
 
