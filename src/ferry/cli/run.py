@@ -18,6 +18,7 @@ from ferry.knobs import (
     GRACE_SECONDS,
 )
 from ferry.runtime.jobdir import jobs_root
+from ferry.state.usercode import ROOTS_VARIABLE
 from ferry.supervisor import RunOptions, Supervisor
 from ferry.supervisor.options import SUPERVISOR_OWNED
 
@@ -34,6 +35,14 @@ def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
                 f"worker; use {SUPERVISOR_OWNED[key]} instead"
             )
         env[key] = value
+    return env
+
+
+def _code_roots(env: dict[str, str], roots: tuple[str, ...]) -> dict[str, str]:
+    """``--code-root`` folders, made absolute, before those FERRY_CODE_ROOTS names already."""
+    if roots:
+        given = env.get(ROOTS_VARIABLE, os.environ.get(ROOTS_VARIABLE, ""))
+        env[ROOTS_VARIABLE] = os.pathsep.join([*(os.path.abspath(r) for r in roots), *filter(None, [given])])
     return env
 
 
@@ -138,6 +147,15 @@ The job directory layout and the restart rules: docs/jobs.md.""",
     "step() (a checkpoint that finds otherwise fails, and the overlap turns off).",
 )
 @click.option(
+    "--code-root",
+    "code_roots",
+    multiple=True,
+    type=click.Path(file_okay=False),
+    metavar="DIR",
+    help="Count the files under DIR as your own code (zero-code mode captures the training "
+    "loop's state in them) even inside a site-packages folder; repeatable. Sets FERRY_CODE_ROOTS.",
+)
+@click.option(
     "--no-autotrack",
     is_flag=True,
     help="No zero-code hooks: for scripts that use ferry's explicit API, or none at all.",
@@ -160,6 +178,7 @@ def run_cmd(
     env_pairs: tuple[str, ...],
     allow_changed_inputs: bool,
     overlap_snapshot: bool,
+    code_roots: tuple[str, ...],
     no_autotrack: bool,
     as_json: bool,
     command: tuple[str, ...],
@@ -179,7 +198,7 @@ def run_cmd(
         autotrack=not no_autotrack,
         allow_changed_inputs=allow_changed_inputs,
         overlap_snapshot=overlap_snapshot,
-        env=_env_pairs(env_pairs),
+        env=_code_roots(_env_pairs(env_pairs), code_roots),
     )
     supervisor = Supervisor(command, options)
     if not as_json:
