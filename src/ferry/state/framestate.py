@@ -4,8 +4,8 @@ typed form, and what a plain value is (the one test the capture and the parser s
 Frame state is untrusted input, like the manifest: the resumed process writes it into its
 own running frames. So what ferry writes is declared here once (``Section`` and below),
 the capture builds these types, and a checkpoint's section is parsed into them
-(``frameparse.py``) before anything uses it: types, lengths, nesting, counts and positions that are never negative,
-kinds from a closed set. What fails is refused whole, with the field named
+(``frameparse.py``) before anything uses it: types, lengths, nesting, counts and
+positions that are never negative, kinds from a closed set. What fails is refused whole, with the field named
 (``CorruptCheckpointError``): ferry never writes such a section, so the checkpoint was
 damaged or crafted. Whether a well-formed value fits the resumed process's frames (the
 same code, a name that code defines, an attribute the object has, a position inside what
