@@ -20,7 +20,6 @@ Each field refused is one line naming the frame and the field; the rest is writt
 
 from __future__ import annotations
 
-import copy
 import ctypes
 import sys
 from dataclasses import dataclass, field
@@ -143,14 +142,14 @@ class _Writer:
             )
 
     def _value(self, entry: Entry, like: Any) -> Any:
-        if entry.alias is not None and entry.alias in self.aliases:
-            return self.aliases[entry.alias]
-        new: Any = (
-            set(entry.value) if entry.kind == "set" else _placed(copy.copy(entry.value), like, entry.device)
-        )
+        shared = self.aliases.get(entry.alias) if entry.alias is not None else None
+        if shared is not None and type(shared) is (set if entry.kind == "set" else type(entry.value)):
+            return shared  # held under several names: one object again (a crafted alias of
+            # another kind of value gets its own object, of its own kind)
+        new: Any = set(entry.value) if entry.kind == "set" else _placed(entry.value, like, entry.device)
         if entry.kind == "value" and type(new) in (list, dict):
             new = _fresh(new)
-        if entry.alias is not None:
+        if entry.alias is not None and shared is None:
             self.aliases[entry.alias] = new
         return new
 
