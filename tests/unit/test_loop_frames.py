@@ -177,3 +177,27 @@ def test_a_resumed_run_takes_its_baseline_before_restoring(capsys: pytest.Captur
     assert entry.kind == "value" and entry.value.sum() == big.size
     holder.tokens = big
     assert sys.getrefcount(big) > 1
+
+
+def test_what_is_not_plain_is_left_alone_without_a_word(capsys: pytest.CaptureFixture[str]) -> None:
+    """A list that holds itself, the model's parameters in a list, an optimizer's param
+    groups: none is captured, none is watched (the last two are the tracked objects')."""
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cycle: list[Any] = [1]
+    cycle.append(cycle)
+    params = list(model.parameters())
+    groups = opt.param_groups
+    weight_view = model.weight.detach()
+    keeper = LoopKeeper()
+    objects = {"model": model, "opt": opt}
+    keeper.examine(objects)
+    cycle.append(2)
+    groups[0]["lr"] = 0.2
+    saved = keeper.capture(objects)
+    frame = frameparse.parse(saved, "test").frames[-1]  # type: ignore[union-attr]
+    assert not {"cycle", "params", "groups", "weight_view", "model", "opt"} & set(frame.values)
+    err = capsys.readouterr().err
+    assert "`cycle` (a local) changes during training" in err  # not captured, so said
+    assert "groups" not in err and "params" not in err
+    assert weight_view is not None and params

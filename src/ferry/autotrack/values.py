@@ -31,7 +31,7 @@ import torch
 import xxhash
 from torch.utils.data import DataLoader
 
-from ferry.state.framestate import Entry, Fingerprint, is_key, is_name, plain_problem
+from ferry.state.framestate import MAX_DEPTH, MAX_ITEMS, Entry, Fingerprint, is_key, is_name, plain_problem
 from ferry.state.usercode import is_user_file
 
 SMALL_BYTES = 16 << 20
@@ -147,7 +147,8 @@ class Values:
         """What is kept of ``value``, found under ``name`` (dotted for an attribute) in a frame
         (``where``: as messages say it, with its line; ``scope``: the same for every safe
         point: file and function); None when nothing is."""
-        if id(value) in self.tracked:
+        kind = own_kind(value)
+        if id(value) in self.tracked and kind != "mixed":  # a tracked model keeps its mode, say
             return None
         if type(value) in (list, dict, set, tuple):
             signature = _signature(value)
@@ -165,19 +166,28 @@ class Values:
             return None
         problem = plain_problem(value)
         if problem is None:
-            if not self._copyable(value):
+            if self._holds_owned(value):
+                return None  # a parameter, or a list of them: the tracked objects' own state
+            if sum(nbytes(t) for t in _arrays(value)) > SMALL_BYTES:
                 self._watch(value, where, f"{scope}:{name}", name, depth, module, too_big=True)
                 return None
             alias = self._alias(value) if type(value) in (list, dict) else None
             return Entry("value", None if self.looking else _copy(value), alias=alias, device=_device(value))
-        kind = own_kind(value)
         if kind is not None:
             if id(value) in self._objects or depth >= MAX_OBJECT_DEPTH:
                 return None  # kept where first met (the frames hold one object: one restore)
             return self._object(value, where, scope, name, depth, scalars_only=kind == "mixed")
         if self._holds_owned(value):
             return None  # an optimizer's param group: the tracked objects' own state
-        self._watch(value, where, f"{scope}:{name}", name, depth, module, too_big="more than" in problem)
+        self._watch(
+            value,
+            where,
+            f"{scope}:{name}",
+            name,
+            depth,
+            module,
+            too_big=problem.startswith("holds more than"),
+        )
         return None
 
     def _object(
@@ -218,24 +228,12 @@ class Values:
         ))  # fmt: skip
         return Entry("fingerprint", fingerprint=found)
 
-    def _copyable(self, value: Any) -> bool:
-        """Its tensors are not the tracked objects' and are small enough to copy."""
-        total = 0
-        for t in _arrays(value):
-            if isinstance(t, torch.Tensor) and (id(t) in self.owned or _storage(t) in self.owned):
-                return False
-            total += nbytes(t)
-            if total > SMALL_BYTES:
-                return False
-        return True
-
-    def _holds_owned(self, value: Any, depth: int = 0) -> bool:
-        if isinstance(value, torch.Tensor):
-            return id(value) in self.owned or _storage(value) in self.owned
-        if depth > 2 or not isinstance(value, (list, tuple, dict)):
-            return False
-        items = value.values() if isinstance(value, dict) else value
-        return any(self._holds_owned(x, depth + 1) for x in list(items)[:10_000])
+    def _holds_owned(self, value: Any) -> bool:
+        """Does ``value`` hold a tensor the tracked objects own (or share storage with)?"""
+        return any(
+            isinstance(t, torch.Tensor) and (id(t) in self.owned or _storage(t) in self.owned)
+            for t in _arrays(value)
+        )
 
     def _alias(self, value: object) -> int:
         return self._aliases.setdefault(id(value), len(self._aliases))
@@ -265,7 +263,9 @@ def _big(value: object) -> bool:
 
 
 def _scalar(value: object) -> bool:
-    return plain_problem(value) is None and type(value) not in (list, dict, tuple, torch.Tensor, np.ndarray)
+    if type(value) in (list, dict, tuple, set, torch.Tensor, np.ndarray):
+        return False
+    return plain_problem(value) is None
 
 
 def _signature(value: Any) -> int | None:
@@ -288,13 +288,17 @@ def _signature(value: Any) -> int | None:
         return hash((type(value).__name__, len(items), id(value)))
 
 
-def _arrays(value: Any) -> list[torch.Tensor | np.ndarray]:
+def _arrays(value: Any, depth: int = 0) -> list[torch.Tensor | np.ndarray]:
+    """The tensors and arrays in ``value`` (its lists, tuples and dicts, 8 deep at most: a
+    list may hold itself)."""
     if isinstance(value, (torch.Tensor, np.ndarray)):
         return [value]
+    if depth > MAX_DEPTH:
+        return []
     if isinstance(value, dict):
-        return [a for x in value.values() for a in _arrays(x)]
+        return [a for x in list(value.values())[:MAX_ITEMS] for a in _arrays(x, depth + 1)]
     if isinstance(value, (list, tuple)):
-        return [a for x in value for a in _arrays(x)]
+        return [a for x in list(value)[:MAX_ITEMS] for a in _arrays(x, depth + 1)]
     return []
 
 
