@@ -4,9 +4,9 @@ itself (its current shard's token array included), in a list ``main()`` appends 
 loop whose function has a closure over its arguments (docs/zero-code.md, "What it
 captures").
 
-Each script is stopped twice under `ferry run` (SIGTERMs it sends itself after the steps
-in ``ZC_STOP_AT``) and run to its end; everything it printed across the three runs and its
-final weights must equal the plain uninterrupted run, with no warning from ferry."""
+Each script is stopped under `ferry run` (SIGTERMs it sends itself after the steps in
+``ZC_STOP_AT``) and run to its end; everything it printed across the runs and its final
+weights must equal the plain uninterrupted run, with no warning from ferry."""
 
 from __future__ import annotations
 
@@ -47,8 +47,8 @@ def test_a_trainer_in_the_user_s_own_package_resumes_exactly(
     steps, not `max_iters` more."""
     script, args = "ownpkg/projects/x/train.py", ["--lib", str(SCRIPTS / "ownpkg")]
     ref = reference_run(tmp_path_factory, script, tuple(args))
-    printed, said, codes = lineage(tmp_path, script, args, "3,8")
-    assert codes == [85, 85, 0], said
+    printed, said, codes = lineage(tmp_path, script, args, "5")
+    assert codes == [85, 0], said
     assert "warning" not in said, said
     assert printed == (ref.parent / "stdout.txt").read_text()
     assert (tmp_path / "run" / "params.txt").read_text() == (ref / "params.txt").read_text()
