@@ -218,10 +218,9 @@ def after_import(module: str, callback: Callable[[], None]) -> None:
 
 
 def _is_user_file(filename: str) -> bool:
-    from ferry.autotrack import frames
+    from ferry.state.usercode import is_user_file
 
-    root = frames._user_root()
-    return root is not None and frames._is_user_file(filename, root)
+    return is_user_file(filename)
 
 
 def _stateful_class_hook(module: str, name: str) -> Callable[[], None]:

@@ -18,6 +18,7 @@ from ferry.knobs import (
     GRACE_SECONDS,
 )
 from ferry.runtime.jobdir import jobs_root
+from ferry.state.usercode import ROOTS_VARIABLE
 from ferry.supervisor import RunOptions, Supervisor
 from ferry.supervisor.options import MAX_RESTARTS, SUPERVISOR_OWNED, check_job_id, check_root
 
@@ -52,6 +53,14 @@ def exit_code(text: str) -> int:
 ENV_PAIR = Checked("NAME=VALUE", env_pair)
 ROOT = Checked("URL", check_root)
 JOB_ID = Checked("ID", check_job_id)
+
+
+def _code_roots(env: dict[str, str], roots: tuple[str, ...]) -> dict[str, str]:
+    """``--code-root`` folders, made absolute, before those FERRY_CODE_ROOTS names already."""
+    if roots:
+        given = env.get(ROOTS_VARIABLE, os.environ.get(ROOTS_VARIABLE, ""))
+        env[ROOTS_VARIABLE] = os.pathsep.join([*(os.path.abspath(r) for r in roots), *filter(None, [given])])
+    return env
 
 
 @click.command(
@@ -170,6 +179,15 @@ The job's identity, its directory and the restart rules: `ferry help jobs`.""",
     "step() (a checkpoint that finds otherwise fails, and the overlap turns off).",
 )
 @click.option(
+    "--code-root",
+    "code_roots",
+    multiple=True,
+    type=click.Path(file_okay=False),
+    metavar="DIR",
+    help="Count the files under DIR as your own code (zero-code mode captures the training "
+    "loop's state in them) even inside a site-packages folder; repeatable. Sets FERRY_CODE_ROOTS.",
+)
+@click.option(
     "--no-autotrack",
     is_flag=True,
     help="No zero-code hooks: for scripts that use ferry's explicit API, or none at all.",
@@ -193,6 +211,7 @@ def run_cmd(
     env_pairs: tuple[tuple[str, str], ...],
     allow_changed_inputs: bool,
     overlap_snapshot: bool,
+    code_roots: tuple[str, ...],
     no_autotrack: bool,
     as_json: bool,
     command: tuple[str, ...],
@@ -213,7 +232,7 @@ def run_cmd(
         autotrack=not no_autotrack,
         allow_changed_inputs=allow_changed_inputs,
         overlap_snapshot=overlap_snapshot,
-        env=dict(env_pairs),
+        env=_code_roots(dict(env_pairs), code_roots),
     )
     supervisor = Supervisor(command, options)
     if not as_json:

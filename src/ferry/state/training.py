@@ -28,6 +28,7 @@ from torch.optim import Optimizer
 from ferry.engine import sharded
 from ferry.engine.apply import apply_state
 from ferry.errors import CorruptCheckpointError
+from ferry.state import frameparse
 from ferry.state.grads import Gradients
 from ferry.state.loader import LoaderTracker
 from ferry.state.rng import GlobalRNG
@@ -128,7 +129,7 @@ class TrainingState:
             loaders=loaders,
             driver=driver,
             sharded_optimizers=None if optim is None else _dict(optim, where, "ferry.sharded_optimizers"),
-            frames=None if frames is None else _dict(frames, where, "ferry.frames"),
+            frames=None if frames is None else _frames(frames, where),
         )
 
     def with_part(self, part: TrainingState) -> TrainingState:
@@ -174,6 +175,13 @@ def _corrupt(where: str, field: str, expected: str) -> CorruptCheckpointError:
         f"{where}: the training state's {field} is not {expected}; the checkpoint is damaged or "
         "from an incompatible ferry: resume from an older checkpoint"
     )
+
+
+def _frames(value: Any, where: str) -> dict[str, Any]:
+    """Zero-code mode's frame state, checked before anything reads it (untrusted input that
+    the resume writes into running frames: ``framestate.py``)."""
+    frameparse.parse(value, where)
+    return _dict(value, where, "ferry.frames")
 
 
 def _dict(value: Any, where: str, field: str) -> dict[str, Any]:
