@@ -118,9 +118,9 @@ def _enc(v: Any, out: Flattened, path: Path) -> object:
         return {"__dict__": [[_enc(k, out, path), _enc(x, out, (*path, k))]
                              for k, x in v.items()]}  # fmt: skip
     if isinstance(v, list):
-        return [_enc(x, out, (*path, i)) for i, x in enumerate(v)]
+        return _items(v, out, path)
     if isinstance(v, tuple):  # torch.Size is a tuple too
-        return {"__tuple__": [_enc(x, out, (*path, i)) for i, x in enumerate(v)]}
+        return {"__tuple__": _items(v, out, path)}
     if isinstance(v, torch.dtype) and v in DTYPE_NAMES:
         return {"__dtype__": DTYPE_NAMES[v]}
     if isinstance(v, torch.device):
@@ -132,6 +132,17 @@ def _enc(v: Any, out: Flattened, path: Path) -> object:
         f"{type(v).__qualname__}: give it state_dict()/load_state_dict(), convert it to "
         "plain values, or save it through ferry's save_fn/restore_fn pair"
     )
+
+
+def _items(v: list[Any] | tuple[Any, ...], out: Flattened, path: Path) -> list[object]:
+    """The items of a list or tuple; ints, strings and finite floats as they are, without a
+    call each (Python's RNG state is 625 ints, a loss history thousands of floats)."""
+    return [
+        x
+        if (kind := type(x)) is int or kind is str or (kind is float and math.isfinite(x))
+        else _enc(x, out, (*path, i))
+        for i, x in enumerate(v)
+    ]
 
 
 def _plain_keys(d: dict[Any, Any]) -> bool:
