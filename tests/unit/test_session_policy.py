@@ -72,7 +72,31 @@ ROWS = [
         "a checkpoint request",
         {"step": 0, "requests": ("checkpoint",)},
     ),
+    Row(
+        "a request while a save is in flight waits for the next safe point after it",
+        NOTHING,
+        "a save in flight: the save asked for waits for it",
+        {"step": 4, "requests": ("checkpoint",), "saving": True},
+    ),
+    Row(
+        "so does a checkpoint signal",
+        NOTHING,
+        "a save in flight: the save asked for waits for it",
+        {"step": 4, "checkpoint_signal": True, "saving": True},
+    ),
+    Row(
+        "a periodic save does not wait: due at this step only",
+        SAVE,
+        "a checkpoint request",
+        {"step": 10, "every_steps": 5, "requests": ("checkpoint",), "saving": True},
+    ),
     Row("a stop signal stops", STOP, "SIGTERM", {"step": 4, "stop_signal": TERM}),
+    Row(
+        "a stop does not wait for the save in flight",
+        STOP,
+        "a stop request",
+        {"step": 4, "requests": ("checkpoint", "stop"), "saving": True},
+    ),
     Row("SIGUSR1 as a stop signal", STOP, "SIGUSR1", {"step": 4, "stop_signal": USR1}),
     Row(
         "a stop beats a periodic save of the same step",

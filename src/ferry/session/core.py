@@ -93,7 +93,9 @@ class Session(LoopHooks):
         self._next_status = time.monotonic() + STATUS_SECONDS
         self._requests: list[Request] = []
         self.job_id = self.config.job_id or os.environ.get("FERRY_JOB_ID") or default_job_id()
-        tally = Tally()
+        # The job's status says "checkpointing" once a save writes, from the writing thread:
+        # a status rewrite took milliseconds of the training thread at each save.
+        tally = Tally(on_begin=lambda step: self.report.writing(step))
         self.checkpointer = checkpointer.for_process(self.config, self._committed, self._failed, tally)
         self.job = JobDir.create(self.job_id, self.config.job_dir)
         if not self.checkpointer.leads:
@@ -267,6 +269,7 @@ class Session(LoopHooks):
 
     # ------------------------------------------------------------------ safe points
     def _safe_point(self) -> None:
+        entered = time.perf_counter()  # a save here blocked training from now (CheckpointInfo)
         self.signals.at_safe_points = True  # a stop signal now waits for the next one
         if policy.idle(stopping=self._stopping, restore_pending=self._restore_pending):
             return
@@ -293,9 +296,9 @@ class Session(LoopHooks):
         self.signals.checkpoint_requested = False
         requests, self._requests = self._requests, []
         if decision.action is policy.Action.STOP:
-            self._stop(requests, decision.why)
+            self._stop(requests, decision.why, entered)
         else:
-            self._save(requests)
+            self._save(requests, entered)
 
     def _point(self, now: float) -> policy.SafePoint:
         return policy.SafePoint(
@@ -308,6 +311,7 @@ class Session(LoopHooks):
             stop_signal=self.signals.stop_signal,
             checkpoint_signal=self.signals.checkpoint_requested,
             requests=tuple(r.action for r in self._requests),
+            saving=self.checkpointer.busy(),
         )
 
     def _first_safe_point(self) -> None:
@@ -357,20 +361,20 @@ class Session(LoopHooks):
     def _driving_loader(self) -> DataLoader[Any] | None:
         return None if self.driver is None else self.driver.loader_ref()
 
-    def _save(self, requests: list[Request]) -> None:
+    def _save(self, requests: list[Request], entered: float) -> None:
         self._check_generators()
         self._last_step, self._last_time = self.global_step, time.monotonic()
-        self.job.update_status("checkpointing", step=self.global_step)
         self.report.awaiting(self.global_step, requests)
         try:
-            self._write(blocking=not self.config.async_save)
+            self._write(entered, blocking=not self.config.async_save)
         except FerryError as exc:
             self._failed(self.global_step, exc)
 
-    def _write(self, blocking: bool, hand_over: bool = False) -> CheckpointInfo | None:
+    def _write(self, entered: float, blocking: bool, hand_over: bool = False) -> CheckpointInfo | None:
         """Save the state: in the background when the checkpointer can and ``blocking`` is
         False; the files of a FunctionCheckpoint are written first, the state captured after.
-        ``hand_over``: also for the process that restarts this one (``Checkpointer``)."""
+        ``hand_over``: also for the process that restarts this one (``Checkpointer``).
+        ``entered``: when the safe point began, from which training counts as blocked."""
         extra = self.extra_files() if self.extra_files else None
         return self.checkpointer.write(
             self._capture(),
@@ -379,6 +383,7 @@ class Session(LoopHooks):
             extra_files=extra,
             blocking=blocking,
             hand_over=hand_over,
+            since=entered,
         )
 
     def _committed(self, info: CheckpointInfo) -> None:
@@ -387,7 +392,7 @@ class Session(LoopHooks):
     def _failed(self, step: int, exc: Exception) -> None:
         self.report.failed(step, exc)
 
-    def _stop(self, requests: list[Request], why: str) -> None:
+    def _stop(self, requests: list[Request], why: str, entered: float) -> None:
         self._stopping = True
         restart = next((r.env or {} for r in requests if r.action == "restart"), None)
         self.report.stopping(self.global_step, why)
@@ -398,7 +403,7 @@ class Session(LoopHooks):
                 log.warning("ferry: the previous checkpoint had failed: %s", exc)
             self.report.awaiting(self.global_step, requests)
             self._last_step = self.global_step
-            info = self._write(blocking=True, hand_over=restart is not None)
+            info = self._write(entered, blocking=True, hand_over=restart is not None)
             if info is None:
                 raise bug("a blocking save returned no checkpoint")
         except Exception as exc:  # whatever went wrong, the job must say so and exit distinctly

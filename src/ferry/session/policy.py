@@ -41,6 +41,9 @@ class SafePoint:
     """A checkpoint signal was received since the last save."""
     requests: tuple[str, ...] = ()
     """The actions of the control requests waiting: "checkpoint", "stop" or "restart"."""
+    saving: bool = False
+    """The previous save is still being written (one process; ranks never wait so, since
+    they must all save the same steps)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,10 @@ def decide(point: SafePoint, agreed: Wish) -> Decision:
         return Decision(Action.STOP, _stop_reason(point))
     if not agreed.save:
         return Decision(Action.NOTHING, "nothing due")
+    if point.saving and not due(point):
+        # A save asked for now would wait for the one in flight: training goes on, and the
+        # requests and signals that came meanwhile are answered by one save after it.
+        return Decision(Action.NOTHING, "a save in flight: the save asked for waits for it")
     if point.requests:
         return Decision(Action.SAVE, "a checkpoint request")
     if point.checkpoint_signal:
