@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 from ferry.config import Config
 from ferry.engine import CheckpointInfo, Loaded
 from ferry.engine.format import is_stateful
+from ferry.engine.gcpause import paused_gc
 from ferry.engine.transfer import Transfer, TransferPolicy
 from ferry.errors import FerryError, UnsupportedStateError, bug
 from ferry.knobs import STATUS_SECONDS
@@ -375,16 +376,19 @@ class Session(LoopHooks):
         False; the files of a FunctionCheckpoint are written first, the state captured after.
         ``hand_over``: also for the process that restarts this one (``Checkpointer``).
         ``entered``: when the safe point began, from which training counts as blocked."""
-        extra = self.extra_files() if self.extra_files else None
-        return self.checkpointer.write(
-            self._capture(),
-            objects=self.objects,
-            meta={"job_id": self.job_id, "argv": sys.argv},
-            extra_files=extra,
-            blocking=blocking,
-            hand_over=hand_over,
-            since=entered,
-        )
+        # No collector pass while the state is gathered: a full one walks every object of
+        # the process (tens of ms with torch imported), and the capture makes it likelier.
+        with paused_gc():
+            extra = self.extra_files() if self.extra_files else None
+            return self.checkpointer.write(
+                self._capture(),
+                objects=self.objects,
+                meta={"job_id": self.job_id, "argv": sys.argv},
+                extra_files=extra,
+                blocking=blocking,
+                hand_over=hand_over,
+                since=entered,
+            )
 
     def _committed(self, info: CheckpointInfo) -> None:
         self.report.committed(info)
