@@ -27,6 +27,7 @@ from ferry.engine.wire import manifest_bytes as manifest_bytes
 from ferry.engine.wire import manifest_checksum as manifest_checksum
 from ferry.engine.wire import safe_np_dtype as safe_np_dtype
 from ferry.errors import UnsafeCheckpointError, UnsupportedStateError
+from ferry.knobs import WRITE_SMALL_BYTES
 
 if TYPE_CHECKING:  # manifest.py builds on this module
     from ferry.engine.manifest import TensorRecord
@@ -53,7 +54,8 @@ def is_stateful(obj: object) -> bool:
 @dataclass(slots=True)
 class TensorEntry:
     dtype: str
-    shape: list[int]
+    shape: Sequence[int]
+    """A torch.Size (a tuple) or a list."""
     nbytes: int
     kind: Literal["torch", "numpy"] = "torch"
     device: str = "cpu"
@@ -61,7 +63,7 @@ class TensorEntry:
     offset: int = 0
 
     def to_json(self) -> TensorRecord:
-        return {"dtype": self.dtype, "shape": self.shape, "nbytes": self.nbytes, "kind": self.kind,
+        return {"dtype": self.dtype, "shape": list(self.shape), "nbytes": self.nbytes, "kind": self.kind,
                 "device": self.device, "file": self.file, "offset": self.offset}  # fmt: skip
 
 
@@ -163,9 +165,8 @@ def _add_tensor(t: torch.Tensor, out: Flattened, path: Path, key: object) -> int
             f"cannot checkpoint tensor {_name(where)}: layout {t.layout}, dtype {t.dtype}; "
             "convert it to a dense tensor of a standard dtype first"
         )
-    out.entries.append(
-        TensorEntry(name, list(t.shape), t.nbytes, "torch", "cpu" if t.is_cpu else str(t.device))
-    )
+    # The shape stays a torch.Size (a tuple): a list of it cost a tenth of a save per tensor.
+    out.entries.append(TensorEntry(name, t.shape, t.nbytes, "torch", "cpu" if t.is_cpu else str(t.device)))
     out.arrays.append(t.detach() if t.requires_grad else t)  # detach costs a new tensor object
     return len(out.arrays) - 1
 
@@ -195,7 +196,7 @@ def entries_json(entries: list[TensorEntry]) -> wire.RawJSON:
 
     def head(e: TensorEntry, key: tuple[object, ...]) -> str:
         text = heads[key] = (
-            f'{{"dtype":{q[e.dtype]},"shape":{str(e.shape).replace(" ", "")},"nbytes":{e.nbytes},'
+            f'{{"dtype":{q[e.dtype]},"shape":{str(list(e.shape)).replace(" ", "")},"nbytes":{e.nbytes},'
             f'"kind":{q[e.kind]},"device":{q[e.device]},"file":{q[e.file]},"offset":'
         )
         return text
@@ -212,12 +213,20 @@ def entries_json(entries: list[TensorEntry]) -> wire.RawJSON:
 
 
 def layout(entries: list[TensorEntry], file: str = "data-0.bin") -> int:
-    """Assign aligned offsets in one data file; returns the file size."""
+    """Assign offsets in one data file; returns its size (a multiple of ``ALIGN``). Each
+    tensor starts at a multiple of ``ALIGN``, but a small torch tensor right after a small
+    one of its dtype starts where that one ends: a run of them is one block of bytes,
+    copied and written by one call (engine/runs.py)."""
     offset = 0
+    run: str | None = None  # the dtype of the run the next small tensor may join
     for e in entries:
+        small = e.nbytes < WRITE_SMALL_BYTES and e.kind == "torch"
+        if not small or e.dtype != run:
+            offset = -(-offset // ALIGN) * ALIGN
         e.file, e.offset = file, offset
-        offset += -(-e.nbytes // ALIGN) * ALIGN
-    return offset
+        offset += e.nbytes
+        run = e.dtype if small else None
+    return -(-offset // ALIGN) * ALIGN
 
 
 # ---------------------------------------------------------------------------- decoding

@@ -24,6 +24,7 @@ import torch
 
 from ferry.engine.deferred import Deferred
 from ferry.engine.format import ALIGN, Flattened, TensorEntry, layout, torch_dtype
+from ferry.engine.runs import copy_run, run_end
 from ferry.errors import bug
 from ferry.knobs import WRITE_BOUNCE_BYTES, WRITE_SMALL_BYTES
 from ferry.storage.pools import submit
@@ -199,15 +200,25 @@ def snapshot(
     base = host.data_ptr()
     jobs: list[tuple[np.ndarray, np.ndarray]] = []
     later = _Later(defer) if defer else None
-    pos = 0
-    for entry, arr in zip(flat.entries, flat.arrays, strict=True):
+    entries, arrays = flat.entries, flat.arrays
+    pos, i, n = 0, 0, len(entries)
+    while i < n:
+        entry, arr = entries[i], arrays[i]
         nbytes = entry.nbytes
+        i += 1
         if nbytes == 0:
             continue
         offset = entry.offset
         if offset > pos:
             ctypes.memset(base + pos, 0, offset - pos)
         pos = offset + nbytes
+        end = run_end(entries, arrays, i - 1)  # type: ignore[arg-type]
+        if end > i:  # a run of small tensors: one copy
+            last = entries[end - 1]
+            pos = last.offset + last.nbytes
+            copy_run(arrays[i - 1 : end], host[offset:pos], entry.dtype)  # type: ignore[arg-type]
+            i = end
+            continue
         if _packable(arr, entry):
             ctypes.memmove(base + offset, arr.data_ptr(), nbytes)
             continue
@@ -315,9 +326,11 @@ def _segments(
     base, view = pack.data_ptr(), byte_view(pack)
     memmove, zeros = ctypes.memmove, memoryview(bytes(ALIGN))
     fill = 0  # bytes in the pack, which holds the file's bytes up to ``pos``
-    pos = 0
-    for entry, arr in zip(entries, arrays, strict=True):
+    pos, i, n = 0, 0, len(entries)
+    while i < n:
+        entry, arr = entries[i], arrays[i]
         nbytes = entry.nbytes
+        i += 1
         if nbytes == 0:
             continue
         gap = entry.offset - pos  # padding, < ALIGN: into the pack
@@ -328,6 +341,16 @@ def _segments(
             view[fill : fill + gap] = zeros[:gap]
             fill += gap
         pos = entry.offset + nbytes
+        end = run_end(entries, arrays, i - 1)  # type: ignore[arg-type]
+        if end > i:  # a run of small tensors: one copy, into the pack emptied first
+            if fill:  # (its start is then aligned for the run's dtype)
+                yield view[:fill]
+                fill = 0
+            last = entries[end - 1]
+            fill, pos = last.offset + last.nbytes - entry.offset, last.offset + last.nbytes
+            copy_run(arrays[i - 1 : end], pack[:fill], entry.dtype)  # type: ignore[arg-type]
+            i = end
+            continue
         if _packable(arr, entry):
             memmove(base + fill, arr.data_ptr(), nbytes)
             fill += nbytes
