@@ -90,14 +90,17 @@ def test_requests_while_a_save_is_written_are_answered_by_one_save_after_it(
             session.step()  # safe points while it is written: none waits, none saves
         assert session.checkpointer.busy()
         held.let_go()
-        session.checkpointer.wait()
-        session.step()  # the next safe point: one save for the whole burst
+        deadline = time.monotonic() + 30
+        while len(session.job.status().get("checkpoints", [])) < 2 and time.monotonic() < deadline:
+            session.step()  # the next safe points: one save for the whole burst, once the
+            time.sleep(0.01)  # last one's stall is its share of training (ASKED_SAVE_SHARE)
+            session.checkpointer.wait()
     finally:
         held.let_go()
         logging.getLogger("ferry").removeHandler(held)
         session.close()
-    saved = [c["step"] for c in session.job.status()["checkpoints"]]
-    assert saved == [1, 5]
+    first, second = (c["step"] for c in session.job.status()["checkpoints"])
+    assert first == 1 and second > 4
     for rid in burst:
         answer = read_response(session.job, rid)
-        assert answer is not None and answer["ok"] and answer["step"] == 5
+        assert answer is not None and answer["ok"] and answer["step"] == second

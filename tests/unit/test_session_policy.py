@@ -90,6 +90,36 @@ ROWS = [
         "a checkpoint request",
         {"step": 10, "every_steps": 5, "requests": ("checkpoint",), "saving": True},
     ),
+    Row(
+        "a request 0.5 s after a save that blocked 0.1 s waits: asked saves take <= 5% of training",
+        NOTHING,
+        "saves asked for take at most their share of training",
+        {"step": 4, "requests": ("checkpoint",), "last_saved_time": 99.5, "last_blocked": 0.1},
+    ),
+    Row(
+        "2 s after it, the request saves",
+        SAVE,
+        "a checkpoint request",
+        {"step": 4, "requests": ("checkpoint",), "last_saved_time": 98.0, "last_blocked": 0.1},
+    ),
+    Row(
+        "held back 1 s at most, whatever the last save blocked",
+        SAVE,
+        "a checkpoint request",
+        {"step": 4, "requests": ("checkpoint",), "last_saved_time": 98.9, "last_blocked": 3.0},
+    ),
+    Row(
+        "a periodic save is not held back by the share",
+        SAVE,
+        "due",
+        {"step": 10, "every_steps": 5, "last_saved_time": 99.9, "last_blocked": 0.1},
+    ),
+    Row(
+        "nor is a stop",
+        STOP,
+        "a stop request",
+        {"step": 4, "requests": ("stop",), "last_saved_time": 99.9, "last_blocked": 0.1},
+    ),
     Row("a stop signal stops", STOP, "SIGTERM", {"step": 4, "stop_signal": TERM}),
     Row(
         "a stop does not wait for the save in flight",

@@ -90,6 +90,7 @@ class Session(LoopHooks):
         self._closed = False
         self._last_step = -1
         self._last_time = time.monotonic()
+        self._last_blocked = 0.0  # what the last save cost the training thread, seconds
         self._next_poll = 0.0
         self._next_status = time.monotonic() + STATUS_SECONDS
         self._requests: list[Request] = []
@@ -300,6 +301,7 @@ class Session(LoopHooks):
             self._stop(requests, decision.why, entered)
         else:
             self._save(requests, entered)
+            self._last_blocked = time.perf_counter() - entered
 
     def _point(self, now: float) -> policy.SafePoint:
         return policy.SafePoint(
@@ -313,6 +315,7 @@ class Session(LoopHooks):
             checkpoint_signal=self.signals.checkpoint_requested,
             requests=tuple(r.action for r in self._requests),
             saving=self.checkpointer.busy(),
+            last_blocked=self._last_blocked if self.checkpointer.world_size == 1 else 0.0,
         )
 
     def _first_safe_point(self) -> None:
