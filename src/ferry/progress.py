@@ -105,7 +105,9 @@ class Tally:
     another (the worker's publisher): a plain counter on the writing path, and a condition
     that is told only when a save begins."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_begin: Callable[[int], None] | None = None) -> None:
+        """``on_begin(step)``: told on the writing thread as each save begins writing."""
+        self.on_begin = on_begin
         self.changed = threading.Condition()
         self.serial = 0
         """Counts the saves begun: tells one save from the next."""
@@ -121,6 +123,8 @@ class Tally:
             self.serial += 1
             self.active = True
             self.changed.notify_all()
+        if self.on_begin is not None:
+            self.on_begin(step)
 
     def end(self) -> None:
         """Tells nobody: a watcher sees it at its next look (a save's end must cost nothing)."""

@@ -8,6 +8,7 @@ Through the public API, on real files; the speed itself is benchmarks/engine.py'
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import xxhash
 
 from ferry.engine import AsyncSaver, list_checkpoints, load, read_manifest, save, verify
 from ferry.engine.format import manifest_checksum
+from ferry.engine.runs import LONGEST as RUN_LONGEST
 from ferry.engine.snapshot import PACK_BYTES, PACK_MAX
 from ferry.engine.wire import written_checksum
 from ferry.errors import CorruptCheckpointError, UnsafeCheckpointError
@@ -59,7 +61,10 @@ def same(a: dict[str, Any], b: dict[str, Any]) -> None:
             assert isinstance(y, np.ndarray) and x.dtype == y.dtype and x.tobytes() == y.tobytes(), k
         else:
             assert x.dtype == y.dtype and x.shape == y.shape, k
-            xb, yb = (t.detach().resolve_conj().contiguous().reshape(-1).view(torch.uint8) for t in (x, y))
+            xb, yb = (
+                t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
+                for t in (x, y)
+            )
             assert torch.equal(xb, yb), k
 
 
@@ -249,3 +254,50 @@ def test_the_one_pass_record_check_accepts_exactly_what_the_two_checks_accept(
     except (CorruptCheckpointError, UnsafeCheckpointError):
         ok = False
     assert (_fitting_records(records, files) is not None) == ok
+
+
+def runs_state() -> dict[str, Any]:
+    """Small 1-D tensors of one dtype in a row (a run: one block), past ``LONGEST`` bytes, with
+    every kind a run must copy as a copy would: a strided view, a lazily negated and a lazily
+    conjugated one, a parameter that requires grad, bools; runs broken by a 0-d tensor, a
+    2-D one, a dtype change, a big tensor and a numpy array."""
+    g = torch.Generator().manual_seed(5)
+    state: dict[str, Any] = {f"a{i}": torch.randn(1000 + i % 7, generator=g) for i in range(1200)}
+    state["strided"] = torch.randn(40, generator=g)[::3]
+    state["negated"] = torch._neg_view(torch.randn(17, generator=g))
+    state["param"] = torch.nn.Parameter(torch.randn(9, generator=g))
+    state["step"] = torch.tensor(3.0)
+    state["square"] = torch.randn(5, 5, generator=g)
+    state["b0"] = torch.randn(33, generator=g)
+    state["flags"] = torch.rand(21, generator=g) > 0.5
+    state["z0"] = torch.randn(6, dtype=torch.complex64, generator=g).conj()
+    state["z1"] = torch.randn(3, dtype=torch.complex64, generator=g)
+    state["big"] = torch.randn(PACK_MAX // 4 + 1, generator=g)
+    state["c0"] = torch.randn(7, generator=g)
+    state["np"] = np.arange(5, dtype="<f8")
+    state["c1"] = torch.randn(3, generator=g)
+    return state
+
+
+def test_runs_of_small_tensors_are_one_block_and_load_bitwise(tmp_path: Path) -> None:
+    state = runs_state()
+    save(state, str(tmp_path / "sync"), step=1)
+    saver = AsyncSaver(str(tmp_path / "async"), keep_last=None)
+    try:
+        saver.save(state, step=1).wait(60)
+    finally:
+        saver.close()
+    for root in ("sync", "async"):
+        same(state, load(str(tmp_path / root)).state)
+        gaps_are_zero(newest(tmp_path / root))
+    entries = read_manifest(open_storage(str(tmp_path / "sync")), newest(tmp_path / "sync").name)["tensors"]
+    at = dict(zip(state, entries, strict=True))
+    run = [at[f"a{i}"] for i in range(1200)] + [at["strided"], at["negated"], at["param"]]
+    assert sum(e["nbytes"] for e in run) > RUN_LONGEST  # more than one block
+    for e, f in itertools.pairwise(run):  # back to back: no padding inside a run
+        assert f["offset"] == e["offset"] + e["nbytes"]
+    # Small tensors of one dtype lie back to back, whatever their shape (a 0-d or 2-D one is
+    # copied alone); a new dtype, a big tensor or a numpy array begins anew, aligned.
+    follow = [("param", "step"), ("step", "square"), ("square", "b0"), ("z0", "z1")]
+    assert all(at[b]["offset"] == at[a]["offset"] + at[a]["nbytes"] for a, b in follow)
+    assert all(at[k]["offset"] % 64 == 0 for k in ("flags", "z0", "big", "c0", "np", "c1"))

@@ -52,6 +52,33 @@ def _frozen(meta: dict[str, Any] | None) -> dict[str, Any] | None:
     return frozen
 
 
+class Stall:
+    """What one save cost the thread that asked for it, in seconds: from ``since`` (when it
+    stopped for the save: a session's safe point, discovery and capture included) until
+    the save returned to it, plus what the next optimizer step waited for the copies the
+    snapshot left running (``overlap_snapshot``). A blocking save's caller waits for the
+    commit: the whole save is its stall.
+
+    The saving thread calls ``returned`` as the save hands back; the persisting thread
+    reads ``seconds`` once the checkpoint is committed (a commit is never faster than the
+    few statements between the two, so it does not wait in practice)."""
+
+    def __init__(self, since: float, blocking: bool) -> None:
+        self.since, self.blocking = since, blocking
+        self._back = threading.Event()
+        self._seconds = 0.0
+
+    def returned(self) -> None:
+        self._seconds = time.perf_counter() - self.since
+        self._back.set()
+
+    def seconds(self, deferred: Deferred | None) -> float:
+        if self.blocking:
+            return time.perf_counter() - self.since
+        self._back.wait()
+        return self._seconds + (0.0 if deferred is None else deferred.waited)
+
+
 class SaveHandle:
     """The result of an asynchronous save."""
 
@@ -117,6 +144,11 @@ class InflightSaves:
                 if self._inflight is handle:
                     self._inflight = None
 
+    def busy(self) -> bool:
+        """A save is in flight: the next ``save`` would wait for it."""
+        handle = self._inflight
+        return handle is not None and not handle.done()
+
     def wait(self) -> CheckpointInfo | None:
         """Wait for the save in flight, if any; raises its error (unless ``on_error`` had it)."""
         handle, self._inflight = self._inflight, None
@@ -157,21 +189,27 @@ class AsyncSaver(InflightSaves):
     def save(self, state: Any, *, step: int, meta: dict[str, Any] | None = None,
              extra_files: dict[str, bytes] | None = None, blocking: bool = False,
              mirror: Mirror | None = None,
-             defer: Mapping[int, object] | None = None) -> SaveHandle:  # fmt: skip
+             defer: Mapping[int, object] | None = None,
+             since: float | None = None) -> SaveHandle:  # fmt: skip
         """Snapshot ``state`` now, persist it in the background. ``blocking=True`` waits.
         ``mirror`` writes a second copy of the same snapshot meanwhile (module docstring).
         ``defer``: tensors whose copies may go on after this returns (``snapshot``; not with
-        ``blocking`` or a ``mirror``); the caller calls ``copied`` before changing them."""
+        ``blocking`` or a ``mirror``); the caller calls ``copied`` before changing them.
+        ``since``: ``time.perf_counter()`` when the caller stopped for this save (a safe
+        point's entry): the time it blocked counts from there (``Stall``), and so does the
+        save's time, less any wait for the previous save; by default from this call."""
         check_step(step)
         meta, extra_files = _frozen(meta), {k: bytes(v) for k, v in (extra_files or {}).items()}
         with self._lock:
+            t0 = time.perf_counter() if since is None else since
+            before = time.perf_counter()
             self.wait()  # surfaces the previous save's error, frees the buffer
-            t0 = time.perf_counter()
+            start = t0 + time.perf_counter() - before  # the previous save's time is not this one's
             with paused_gc():
                 flat = flatten(state)
                 later = None if blocking or mirror is not None else defer
                 host, size, deferred = self.deferred_snapshot(flat, later)
-            blocked = time.perf_counter() - t0
+            stall = Stall(t0, blocking)
             view = byte_view(host)
             # A blocking save's error goes to its caller; a background one's to on_error.
             report = None if blocking else self.on_error
@@ -188,9 +226,8 @@ class AsyncSaver(InflightSaves):
                     if self.keep_last:
                         apply_retention(self.storage, self.keep_last, self.keep_every)
                     # The checkpoint's own time: the mirror's wait below is not its.
-                    waited = 0.0 if deferred is None else deferred.waited
                     info = CheckpointInfo(self.storage.child_url(name), step, size,
-                                          time.perf_counter() - t0, blocked + waited)  # fmt: skip
+                                          time.perf_counter() - start, stall.seconds(deferred))  # fmt: skip
                 except Exception as exc:
                     if report is not None:
                         report(step, exc)
@@ -204,6 +241,7 @@ class AsyncSaver(InflightSaves):
                 return info
 
             handle = self._start(work, step, reported)
+            stall.returned()
         if blocking:
             self._settle(handle)
         return handle

@@ -27,6 +27,7 @@ from ferry.engine.wire import manifest_bytes as manifest_bytes
 from ferry.engine.wire import manifest_checksum as manifest_checksum
 from ferry.engine.wire import safe_np_dtype as safe_np_dtype
 from ferry.errors import UnsafeCheckpointError, UnsupportedStateError
+from ferry.knobs import WRITE_SMALL_BYTES
 
 if TYPE_CHECKING:  # manifest.py builds on this module
     from ferry.engine.manifest import TensorRecord
@@ -53,7 +54,8 @@ def is_stateful(obj: object) -> bool:
 @dataclass(slots=True)
 class TensorEntry:
     dtype: str
-    shape: list[int]
+    shape: Sequence[int]
+    """A torch.Size (a tuple) or a list."""
     nbytes: int
     kind: Literal["torch", "numpy"] = "torch"
     device: str = "cpu"
@@ -61,7 +63,7 @@ class TensorEntry:
     offset: int = 0
 
     def to_json(self) -> TensorRecord:
-        return {"dtype": self.dtype, "shape": self.shape, "nbytes": self.nbytes, "kind": self.kind,
+        return {"dtype": self.dtype, "shape": list(self.shape), "nbytes": self.nbytes, "kind": self.kind,
                 "device": self.device, "file": self.file, "offset": self.offset}  # fmt: skip
 
 
@@ -118,9 +120,9 @@ def _enc(v: Any, out: Flattened, path: Path) -> object:
         return {"__dict__": [[_enc(k, out, path), _enc(x, out, (*path, k))]
                              for k, x in v.items()]}  # fmt: skip
     if isinstance(v, list):
-        return [_enc(x, out, (*path, i)) for i, x in enumerate(v)]
+        return _items(v, out, path)
     if isinstance(v, tuple):  # torch.Size is a tuple too
-        return {"__tuple__": [_enc(x, out, (*path, i)) for i, x in enumerate(v)]}
+        return {"__tuple__": _items(v, out, path)}
     if isinstance(v, torch.dtype) and v in DTYPE_NAMES:
         return {"__dtype__": DTYPE_NAMES[v]}
     if isinstance(v, torch.device):
@@ -132,6 +134,17 @@ def _enc(v: Any, out: Flattened, path: Path) -> object:
         f"{type(v).__qualname__}: give it state_dict()/load_state_dict(), convert it to "
         "plain values, or save it through ferry's save_fn/restore_fn pair"
     )
+
+
+def _items(v: list[Any] | tuple[Any, ...], out: Flattened, path: Path) -> list[object]:
+    """The items of a list or tuple; ints, strings and finite floats as they are, without a
+    call each (Python's RNG state is 625 ints, a loss history thousands of floats)."""
+    return [
+        x
+        if (kind := type(x)) is int or kind is str or (kind is float and math.isfinite(x))
+        else _enc(x, out, (*path, i))
+        for i, x in enumerate(v)
+    ]
 
 
 def _plain_keys(d: dict[Any, Any]) -> bool:
@@ -152,9 +165,8 @@ def _add_tensor(t: torch.Tensor, out: Flattened, path: Path, key: object) -> int
             f"cannot checkpoint tensor {_name(where)}: layout {t.layout}, dtype {t.dtype}; "
             "convert it to a dense tensor of a standard dtype first"
         )
-    out.entries.append(
-        TensorEntry(name, list(t.shape), t.nbytes, "torch", "cpu" if t.is_cpu else str(t.device))
-    )
+    # The shape stays a torch.Size (a tuple): a list of it cost a tenth of a save per tensor.
+    out.entries.append(TensorEntry(name, t.shape, t.nbytes, "torch", "cpu" if t.is_cpu else str(t.device)))
     out.arrays.append(t.detach() if t.requires_grad else t)  # detach costs a new tensor object
     return len(out.arrays) - 1
 
@@ -184,7 +196,7 @@ def entries_json(entries: list[TensorEntry]) -> wire.RawJSON:
 
     def head(e: TensorEntry, key: tuple[object, ...]) -> str:
         text = heads[key] = (
-            f'{{"dtype":{q[e.dtype]},"shape":{str(e.shape).replace(" ", "")},"nbytes":{e.nbytes},'
+            f'{{"dtype":{q[e.dtype]},"shape":{str(list(e.shape)).replace(" ", "")},"nbytes":{e.nbytes},'
             f'"kind":{q[e.kind]},"device":{q[e.device]},"file":{q[e.file]},"offset":'
         )
         return text
@@ -201,12 +213,20 @@ def entries_json(entries: list[TensorEntry]) -> wire.RawJSON:
 
 
 def layout(entries: list[TensorEntry], file: str = "data-0.bin") -> int:
-    """Assign aligned offsets in one data file; returns the file size."""
+    """Assign offsets in one data file; returns its size (a multiple of ``ALIGN``). Each
+    tensor starts at a multiple of ``ALIGN``, but a small torch tensor right after a small
+    one of its dtype starts where that one ends: a run of them is one block of bytes,
+    copied and written by one call (engine/runs.py)."""
     offset = 0
+    run: str | None = None  # the dtype of the run the next small tensor may join
     for e in entries:
+        small = e.nbytes < WRITE_SMALL_BYTES and e.kind == "torch"
+        if not small or e.dtype != run:
+            offset = -(-offset // ALIGN) * ALIGN
         e.file, e.offset = file, offset
-        offset += -(-e.nbytes // ALIGN) * ALIGN
-    return offset
+        offset += e.nbytes
+        run = e.dtype if small else None
+    return -(-offset // ALIGN) * ALIGN
 
 
 # ---------------------------------------------------------------------------- decoding

@@ -27,9 +27,11 @@ class CheckpointInfo:
     step: int
     nbytes: int
     seconds: float
-    """Wall time of the whole save, snapshot included."""
+    """Wall time of the whole save, from when the caller stopped for it (a safe point's
+    capture and snapshot included) to its commit."""
     blocking_seconds: float
-    """How long the caller was blocked (the snapshot; the whole save when synchronous)."""
+    """What the save cost the caller's thread ("training blocked"): from when it stopped
+    for it until it went on (``asyncsave.Stall``); the whole save when synchronous."""
 
     @property
     def gbps(self) -> float:

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ferry.engine.asyncsave import InflightSaves, SaveHandle, _frozen
+from ferry.engine.asyncsave import InflightSaves, SaveHandle, Stall, _frozen
 from ferry.engine.catalog import apply_retention
 from ferry.engine.deferred import Deferred
 from ferry.engine.format import Flattened, flatten, manifest_bytes
@@ -83,10 +83,9 @@ class _Snapshot:
     shards: dict[str, Any] | None
     shard_group: Any
     t0: float
-    blocked: float
-    """Seconds the snapshot took: all a background save blocks training for."""
-    blocking: bool
-    """The caller waits for the commit: it is blocked for the whole save."""
+    """When the save's own time began (``RankSaver.save``'s ``since``)."""
+    stall: Stall
+    """What the save cost the training thread."""
     deferred: Deferred | None
     """The copies the snapshot left running (``overlap_snapshot``)."""
 
@@ -125,20 +124,23 @@ class RankSaver(InflightSaves):
     def save(self, state: Any, *, name: str, step: int, meta: dict[str, Any] | None = None,
              extra_files: dict[str, bytes] | None = None, shards: dict[str, Any] | None = None,
              shard_group: Any = None, blocking: bool = False,
-             defer: Mapping[int, object] | None = None) -> SaveHandle:  # fmt: skip
+             defer: Mapping[int, object] | None = None,
+             since: float | None = None) -> SaveHandle:  # fmt: skip
         """Every rank calls this at the same step with the same ``name`` (new for each save),
         its own ``state`` and ``extra_files``, and the sharded state staged by
         ``sharded.stage`` in ``shards`` (with the group its collectives run on). Waits for
         the previous save's outcome, snapshots, and returns; ``blocking=True`` waits for the
-        commit and raises the save's error. ``defer``: as ``AsyncSaver.save``'s."""
+        commit and raises the save's error. ``defer`` and ``since``: as ``AsyncSaver.save``'s."""
         check_step(step)
         meta, extra = _frozen(meta), {k: bytes(v) for k, v in (extra_files or {}).items()}
+        t0 = time.perf_counter() if since is None else since
+        before = time.perf_counter()
         self.wait()  # one save in flight; the snapshot buffer is free after it
-        t0 = time.perf_counter()
+        start = t0 + time.perf_counter() - before  # the previous save's time is not this one's
         flat = flatten(state)
         host, size, deferred = self.deferred_snapshot(flat, None if blocking else defer)
-        snap = _Snapshot(name, step, flat, host, size, meta, extra, shards, shard_group, t0,
-                         time.perf_counter() - t0, blocking, deferred)  # fmt: skip
+        snap = _Snapshot(name, step, flat, host, size, meta, extra, shards, shard_group, start,
+                         Stall(t0, blocking), deferred)  # fmt: skip
         reported = threading.Event()
         report = None if blocking else self.on_error
 
@@ -160,6 +162,7 @@ class RankSaver(InflightSaves):
             return info
 
         handle = self._start(work, step, reported)
+        snap.stall.returned()
         if blocking:
             self._settle(handle)
         return handle
@@ -187,8 +190,7 @@ class RankSaver(InflightSaves):
         if "error" in outcome:
             raise StorageError(f"the checkpoint of step {snap.step} was not committed: {outcome['error']}")
         seconds = time.perf_counter() - snap.t0
-        waited = 0.0 if snap.deferred is None else snap.deferred.waited
-        blocked = seconds if snap.blocking else snap.blocked + waited
+        blocked = snap.stall.seconds(snap.deferred)
         return CheckpointInfo(str(outcome["url"]), snap.step, int(outcome["bytes"]), seconds, blocked)
 
     def _plan(self, snap: _Snapshot) -> Transaction:

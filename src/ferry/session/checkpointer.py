@@ -45,11 +45,13 @@ class Checkpointer(Protocol):
     1. ``take_handed_over()`` once at start, before looking for a checkpoint on disk;
     2. ``listens(step, ...)`` at every safe point that is not idle: can this one lead to a
        save or a stop? If not (the ranks agree only now and then), the session skips it at
-       no cost; if so, ``agree(point, wish)`` (across ranks, a collective: the same safe
-       points on every rank);
+       no cost; if so, ``busy()`` for the safe point's values, then ``agree(point, wish)``
+       (across ranks, a collective: the same safe points on every rank);
     3. ``keeps_objects(objects)`` while capturing: does this process save the objects?
     4. ``write(...)`` to save; a commit is reported to ``on_commit``, a failure of a
-       background save to ``on_error`` (a failure inside ``write`` raises);
+       background save to ``on_error`` (a failure inside ``write`` raises). ``since``: when
+       the training thread stopped for it (``time.perf_counter()`` at the safe point's
+       entry), from which the commit's ``blocking_seconds`` counts what training lost;
     5. ``wait()`` before the save of a stop; a stop for a restart writes with ``hand_over``:
        the state is also left for the process that takes over (where the checkpointer can);
     6. ``close()`` at teardown.
@@ -67,6 +69,11 @@ class Checkpointer(Protocol):
     def listens(self, step: int, *, every_steps: int | None, last_saved_step: int, wishing: bool) -> bool: ...
     def agree(self, point: SafePoint, wish: Wish) -> Wish: ...
     def keeps_objects(self, objects: dict[str, Any]) -> bool: ...
+    def busy(self) -> bool:
+        """A save is still being written, and a save asked for now may wait until the next
+        safe point after it (``policy.decide``)."""
+        ...
+
     def write(
         self,
         state: TrainingState,
@@ -76,6 +83,7 @@ class Checkpointer(Protocol):
         extra_files: dict[str, bytes] | None,
         blocking: bool,
         hand_over: bool = False,
+        since: float | None = None,
     ) -> CheckpointInfo | None: ...
     def wait(self) -> None: ...
     def close(self) -> None: ...
@@ -135,6 +143,9 @@ class LocalCheckpointer:
     def keeps_objects(self, objects: dict[str, Any]) -> bool:
         return True
 
+    def busy(self) -> bool:
+        return self.saver.busy()
+
     def write(
         self,
         state: TrainingState,
@@ -144,6 +155,7 @@ class LocalCheckpointer:
         extra_files: dict[str, bytes] | None,
         blocking: bool,
         hand_over: bool = False,
+        since: float | None = None,
     ) -> CheckpointInfo | None:
         """``hand_over``: the same snapshot also goes to host memory, for the process that
         restarts this one (``ferry.runtime.handoff``), written while the checkpoint is."""
@@ -156,6 +168,7 @@ class LocalCheckpointer:
             blocking=blocking,
             mirror=None if not where else functools.partial(handoff.leave, where),
             defer=None if self.overlap is None else self.overlap.defer(objects, blocking),
+            since=since,
         )
         return handle.result() if blocking else None
 
@@ -283,6 +296,10 @@ class RankedCheckpointer:
         """Replicated (DDP) objects are written once, by rank 0."""
         return self.rank == 0 or not replicated(objects)
 
+    def busy(self) -> bool:
+        """Never: the ranks save the steps they agreed on, whatever one rank is writing."""
+        return False
+
     def write(
         self,
         state: TrainingState,
@@ -292,6 +309,7 @@ class RankedCheckpointer:
         extra_files: dict[str, bytes] | None,
         blocking: bool,
         hand_over: bool = False,
+        since: float | None = None,
     ) -> CheckpointInfo | None:
         """Every rank at the same step, right after the agreement that decided it."""
         self.saver.wait()  # before staging: host memory holds one save's state at a time
@@ -312,6 +330,7 @@ class RankedCheckpointer:
             shard_group=self._shard_group,
             blocking=blocking,
             defer=None if self.overlap is None else self.overlap.defer(objects, blocking),
+            since=since,
         )
         return handle.result() if blocking else None
 

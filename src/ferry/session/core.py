@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 from ferry.config import Config
 from ferry.engine import CheckpointInfo, Loaded
 from ferry.engine.format import is_stateful
+from ferry.engine.gcpause import paused_gc
 from ferry.engine.transfer import Transfer, TransferPolicy
 from ferry.errors import FerryError, UnsupportedStateError, bug
 from ferry.knobs import STATUS_SECONDS
@@ -94,11 +95,14 @@ class Session(LoopHooks):
         self._closed = False
         self._last_step = -1
         self._last_time = time.monotonic()
+        self._last_blocked = 0.0  # what the last save cost the training thread, seconds
         self._next_poll = 0.0
         self._next_status = time.monotonic() + STATUS_SECONDS
         self._requests: list[Request] = []
         self.job_id = self.config.job_id or os.environ.get("FERRY_JOB_ID") or default_job_id()
-        tally = Tally()
+        # The job's status says "checkpointing" once a save writes, from the writing thread:
+        # a status rewrite took milliseconds of the training thread at each save.
+        tally = Tally(on_begin=lambda step: self.report.writing(step))
         self.checkpointer = checkpointer.for_process(
             self.config, self._committed, self._failed, tally, self._fatal
         )
@@ -281,6 +285,7 @@ class Session(LoopHooks):
 
     # ------------------------------------------------------------------ safe points
     def _safe_point(self) -> None:
+        entered = time.perf_counter()  # a save here blocked training from now (CheckpointInfo)
         self.signals.at_safe_points = True  # a stop signal now waits for the next one
         for signum, handler in self.signals.reassert():
             self.report.handler_replaced(signum, handler)
@@ -306,9 +311,10 @@ class Session(LoopHooks):
         self.signals.checkpoint_requested = False
         requests, self._requests = self._requests, []
         if decision.action is policy.Action.STOP:
-            self._stop(requests, decision.why)
+            self._stop(requests, decision.why, entered)
         else:
-            self._save(requests)
+            self._save(requests, entered)
+            self._last_blocked = time.perf_counter() - entered
 
     def _between_safe_points(self) -> float:
         """What every batch does, safe point or not: control requests are read and the status
@@ -334,6 +340,8 @@ class Session(LoopHooks):
             stop_signal=self.signals.stop_signal,
             checkpoint_signal=self.signals.checkpoint_requested,
             requests=tuple(r.action for r in self._requests),
+            saving=self.checkpointer.busy(),
+            last_blocked=self._last_blocked if self.checkpointer.world_size == 1 else 0.0,
         )
 
     def _first_safe_point(self) -> None:
@@ -393,29 +401,33 @@ class Session(LoopHooks):
     def _driving_loader(self) -> DataLoader[Any] | None:
         return None if self.driver is None else self.driver.loader_ref()
 
-    def _save(self, requests: list[Request]) -> None:
+    def _save(self, requests: list[Request], entered: float) -> None:
         self._check_generators()
         self._last_step, self._last_time = self.global_step, time.monotonic()
-        self.job.update_status("checkpointing", step=self.global_step)
         self.report.awaiting(self.global_step, requests)
         try:
-            self._write(blocking=not self.config.async_save)
+            self._write(entered, blocking=not self.config.async_save)
         except FerryError as exc:
             self._failed(self.global_step, exc)
 
-    def _write(self, blocking: bool, hand_over: bool = False) -> CheckpointInfo | None:
+    def _write(self, entered: float, blocking: bool, hand_over: bool = False) -> CheckpointInfo | None:
         """Save the state: in the background when the checkpointer can and ``blocking`` is
         False; the files of a FunctionCheckpoint are written first, the state captured after.
-        ``hand_over``: also for the process that restarts this one (``Checkpointer``)."""
-        extra = self.extra_files() if self.extra_files else None
-        return self.checkpointer.write(
-            self._capture(),
-            objects=self.objects,
-            meta={"job_id": self.job_id, "argv": sys.argv},
-            extra_files=extra,
-            blocking=blocking,
-            hand_over=hand_over,
-        )
+        ``hand_over``: also for the process that restarts this one (``Checkpointer``).
+        ``entered``: when the safe point began, from which training counts as blocked."""
+        # No collector pass while the state is gathered: a full one walks every object of
+        # the process (tens of ms with torch imported), and the capture makes it likelier.
+        with paused_gc():
+            extra = self.extra_files() if self.extra_files else None
+            return self.checkpointer.write(
+                self._capture(),
+                objects=self.objects,
+                meta={"job_id": self.job_id, "argv": sys.argv},
+                extra_files=extra,
+                blocking=blocking,
+                hand_over=hand_over,
+                since=entered,
+            )
 
     def _committed(self, info: CheckpointInfo) -> None:
         self.report.committed(info)
@@ -429,7 +441,7 @@ class Session(LoopHooks):
         self.report.fatal(self.global_step, why)
         end_rank(why, code)
 
-    def _stop(self, requests: list[Request], why: str) -> None:
+    def _stop(self, requests: list[Request], why: str, entered: float) -> None:
         self._stopping = True
         restart = next((r.env or {} for r in requests if r.action == "restart"), None)
         self.report.stopping(self.global_step, why)
@@ -440,7 +452,7 @@ class Session(LoopHooks):
                 log.warning("ferry: the previous checkpoint had failed: %s", exc)
             self.report.awaiting(self.global_step, requests)
             self._last_step = self.global_step
-            info = self._write(blocking=True, hand_over=restart is not None)
+            info = self._write(entered, blocking=True, hand_over=restart is not None)
             if info is None:
                 raise bug("a blocking save returned no checkpoint")
         except Exception as exc:  # whatever went wrong, the job must say so and exit distinctly

@@ -13,6 +13,8 @@ import enum
 import signal
 from dataclasses import dataclass
 
+from ferry.knobs import ASKED_SAVE_HOLD_SECONDS, ASKED_SAVE_SHARE
+
 
 class Action(enum.Enum):
     NOTHING = "nothing"
@@ -41,6 +43,11 @@ class SafePoint:
     """A checkpoint signal was received since the last save."""
     requests: tuple[str, ...] = ()
     """The actions of the control requests waiting: "checkpoint", "stop" or "restart"."""
+    saving: bool = False
+    """The previous save is still being written (one process; ranks never wait so, since
+    they must all save the same steps)."""
+    last_blocked: float = 0.0
+    """Seconds the last save blocked training (one process; 0 for ranks, as ``saving``)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,13 @@ def decide(point: SafePoint, agreed: Wish) -> Decision:
         return Decision(Action.STOP, _stop_reason(point))
     if not agreed.save:
         return Decision(Action.NOTHING, "nothing due")
+    if point.saving and not due(point):
+        # A save asked for now would wait for the one in flight: training goes on, and the
+        # requests and signals that came meanwhile are answered by one save after it.
+        return Decision(Action.NOTHING, "a save in flight: the save asked for waits for it")
+    hold = min(point.last_blocked / ASKED_SAVE_SHARE, ASKED_SAVE_HOLD_SECONDS)
+    if point.now - point.last_saved_time < hold and not due(point):
+        return Decision(Action.NOTHING, "saves asked for take at most their share of training")
     if point.requests:
         return Decision(Action.SAVE, "a checkpoint request")
     if point.checkpoint_signal:

@@ -55,6 +55,14 @@ class Reporter:
         """These requests are answered once the save of ``step`` commits or fails."""
         self._awaiting.setdefault(step, []).extend(requests)
 
+    def writing(self, step: int) -> None:
+        """The save of ``step`` began writing (told on the writing thread): the job's status
+        says "checkpointing" until it commits or fails."""
+        try:
+            self.job.update_status("checkpointing", step=step)
+        except OSError as exc:  # a full disk: the save's own error will say more
+            log.warning("ferry: the job's status does not show the save of step %d: %s", step, exc)
+
     def committed(self, info: CheckpointInfo) -> None:
         """Called on the persist thread once a checkpoint is committed."""
         log.info(
