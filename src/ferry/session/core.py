@@ -500,7 +500,7 @@ class Session(LoopHooks):
             self.report.awaiting(self.global_step, requests)
             try:
                 self.checkpointer.agree(self._point(time.monotonic()), policy.Wish(save=True))
-                self._write(blocking=True)
+                self._write(time.perf_counter(), blocking=True)
             except FerryError as exc:
                 self._failed(self.global_step, exc)
             return
