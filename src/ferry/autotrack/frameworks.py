@@ -7,6 +7,7 @@ them."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 from ferry.integrations.framework import FrameworkSupport
@@ -29,3 +30,8 @@ def arm_when_imported(after_import: Callable[[str, Callable[[], None]], None]) -
                 chosen.arm()
 
         after_import(module, arm)
+
+
+KNOWN["transformers.trainer"] = lambda: (
+    importlib.import_module("ferry.integrations.transformers_auto").SUPPORT
+)

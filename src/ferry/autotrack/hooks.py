@@ -266,6 +266,8 @@ def _auto_track(dataloader: Any) -> Any:
     from ferry.state.loader import track_loader
 
     session = _session()
+    if session.framework is not None:  # its integration keeps the positions of its loaders
+        return None
     name, identity = _name(session, dataloader)
     track_loader(name, dataloader, session).identity = identity  # before the session resumes it
     try:

@@ -123,6 +123,8 @@ class Session(LoopHooks):
         self.swapped: dict[int, Any] = {}
         """Values the last restore replaced in the loop's frames (id -> new value)."""
         self.last_batch_from: LoaderTracker | None = None
+        self.framework: str | None = None
+        """A framework whose own loop drives training (``framework_loop``)."""
         self._driver_pinned = False
         self._trained = False  # past the first safe point
         self.transfer: Transfer | None = None  # docs/transfer.md
@@ -211,6 +213,16 @@ class Session(LoopHooks):
         self.discover = None
         self.uncaptured = None
         self.loop = None
+
+    def framework_loop(self, name: str) -> None:
+        """A framework's own loop drives training, and its integration (``ferry.integrations``)
+        tracks its state and marks the safe points: zero-code mode's discovery, loop capture and
+        loader tracking step aside, and loaders tracked before it (a look at the data before
+        training) no longer count the steps."""
+        self.explicit({}, steps=True)
+        self.framework = name
+        self.loaders.clear()
+        self.driver = None
 
     def saved_state(self, name: str) -> Any:
         """The state saved under ``name`` in the checkpoint being resumed, or None when starting
