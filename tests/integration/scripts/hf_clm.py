@@ -10,12 +10,15 @@ from the global torch RNG in the main process (as an MLM collator does).
 For the tests only, ``HF_STOP_AT`` lists where the job sends itself SIGTERM, as
 ``kind:N`` items: ``step:N`` after optimizer step N, ``epoch:N`` at the end of epoch N
 (counted from 1), ``eval:N`` inside the evaluation after step N; ``HF_STOP_RANK`` limits
-that to one rank (all by default)."""
+that to one rank (all by default). ``HF_STEP_SLEEP`` makes each step last that many seconds
+more (under torchrun: ranks agree on a stop at least every 0.5 s, so with steps longer than
+that a stop lands on the step it was sent at)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,8 +77,9 @@ class RandomMask:
 class StopAt(TrainerCallback):  # type: ignore[misc]
     """The test's SIGTERMs (see the module docstring)."""
 
-    def __init__(self, spec: str, rank: str) -> None:
+    def __init__(self, spec: str, rank: str, sleep: str) -> None:
         self.at = {tuple(item.split(":")) for item in spec.split(",") if item}
+        self.sleep = float(sleep or 0)
         self.mine = not rank or rank == os.environ.get("RANK", "0")
         self.sent: set[tuple[str, str]] = set()
 
@@ -86,6 +90,7 @@ class StopAt(TrainerCallback):  # type: ignore[misc]
             os.kill(os.getpid(), signal.SIGTERM)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        time.sleep(self.sleep)
         self._maybe("step", state.global_step)
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -101,7 +106,8 @@ def main() -> None:
     set_seed(training.seed)
     config = GPT2Config(vocab_size=128, n_positions=script.block_size, n_embd=32, n_layer=2, n_head=2)
     model = GPT2LMHeadModel(config)  # dropout 0.1: the resume must put the RNG back at the right point
-    callbacks: list[Any] = [StopAt(os.environ.get("HF_STOP_AT", ""), os.environ.get("HF_STOP_RANK", ""))]
+    env = os.environ.get
+    callbacks: list[Any] = [StopAt(env("HF_STOP_AT", ""), env("HF_STOP_RANK", ""), env("HF_STEP_SLEEP", ""))]
     if script.patience:
         callbacks.append(EarlyStoppingCallback(early_stopping_patience=script.patience))
     ferry_callback = None
