@@ -28,22 +28,28 @@ ARGS = (
     "--save_total_limit", "2", "--load_best_model_at_end", "true", "--metric_for_best_model", "eval_loss",
     "--logging_steps", "2", "--disable_tqdm", "true", "--report_to", "none", "--use_cpu", "true",
     "--learning_rate", "1e-3", "--seed", "0", "--patience", "5", "--mask_prob", "0.2",
+    "--eval_on_start", "true", "--train_sampling_strategy", "group_by_length",
 )  # fmt: skip
 """40 blocks of 16 tokens, 4 a batch, 2 batches a step: 5 steps an epoch on one process, 3
-on each of 2 ranks (the last of 1 batch); an evaluation and a checkpoint folder every 4
-steps, the best model loaded at the end, early stopping watching, and a collator that draws
-random numbers (in the main process: ``num_workers`` is 0)."""
+on each of 2 ranks (the last of 1 batch); an evaluation before training and every 4 steps,
+a checkpoint folder every 4 steps, the best model loaded at the end, early stopping
+watching, a collator that draws random numbers (in the main process: ``num_workers`` is 0)
+and a sampler that draws each epoch's order from the global stream (``group_by_length``).
+Like run_clm.py, the script resumes from the newest checkpoint folder it finds."""
 JIT = ("--enable_jit_checkpoint", "true")
 
 _WALL_CLOCK = re.compile(r"""(["']\w*(?:_runtime|_per_second)["']: )'?[0-9.e+-]+'?""")
+_TORCH_STAMP = re.compile(r"^(\[rank\d+\]:\[[WIE])\d{4} [0-9:.]+ ", re.M)
 
 
 def scrub(name: str, text: str) -> str:
     """What differs between two plain runs: wall-clock figures (in the printed logs and in
-    ``trainer_state.json``), and the Trainer's notice about a filesystem's mtime, which it
-    gives when checkpoint folders were written within its clock's resolution."""
-    text = _WALL_CLOCK.sub(r"\1<t>", text)
-    return "\n".join(line for line in text.split("\n") if "mtime may not be reliable" not in line)
+    ``trainer_state.json``, and torch's timestamps on its warnings), the order in which two
+    ranks' warnings reach stderr, and the Trainer's notice about a filesystem's mtime, which
+    it gives when checkpoint folders were written within its clock's resolution."""
+    text = _TORCH_STAMP.sub(r"\1<t> ", _WALL_CLOCK.sub(r"\1<t>", text))
+    lines = [line for line in text.split("\n") if "mtime may not be reliable" not in line]
+    return "\n".join(sorted(lines) if name == "stderr" else lines)
 
 
 def env(home: Path, **extra: str) -> dict[str, str]:

@@ -49,6 +49,8 @@ def test_stopped_mid_epoch_at_an_epoch_boundary_and_in_evaluation_across_both_mo
     )
     assert codes == [85, 85, 85, 0], "\n".join(got.log[-40:])
     assert _resumed_steps(got) == [3, 10, 12]
+    # run 3 (zero-code) took ferry's checkpoint over the folder the script found, as run_clm.py does
+    assert "ferry: resuming from ferry's checkpoint at step 10, not from out/checkpoint-8" in got.ferry
     assert not any("error" in line for line in got.ferry), got.ferry
     assert not any("single sample" in line for line in got.stderr)
     compat.assert_same(ref, got, streams=("stdout",))

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 from ferry.errors import CorruptCheckpointError
-from ferry.integrations._hf_fetches import Fetches, FetchLog, attach
+from ferry.integrations._hf_fetches import SAMPLER, Fetches, FetchLog, attach
 from ferry.integrations._hf_progress import TrainerProgress
 from ferry.state.rng import GlobalRNG
 
@@ -27,26 +27,27 @@ def noisy(items: list[Any]) -> torch.Tensor:
 
 
 def test_batches_fetched_before_the_safe_point_come_back_the_same() -> None:
-    """An uninterrupted epoch: 4 batches trained, 2 more fetched ahead (as the Trainer's
+    """An uninterrupted epoch (its order drawn from the global stream, as a sampler without
+    a generator does): 4 batches trained, 2 more fetched ahead (as the Trainer's
     gradient-accumulation group and accelerate's look-ahead do), then the safe point. A
     "resumed process" with other streams skips the 4 at the sampler and must fetch the 2
     pending batches and every later one exactly as the uninterrupted epoch did."""
     torch.manual_seed(0)
     log = FetchLog()
     log.keep(3)
-    loader = DataLoader(DATA, batch_size=4, collate_fn=noisy)
+    loader = DataLoader(DATA, batch_size=4, collate_fn=noisy, shuffle=True)
     assert attach(loader, log)
     it = iter(loader)
     trained = [next(it) for _ in range(4)]
     ahead = [next(it) for _ in range(2)]
     pending, now = log.pending(), GlobalRNG().state_dict()
     rest = list(it)
-    assert sorted(pending) == ["3", "4", "5"]  # the last three fetches (the oldest is trained)
+    assert sorted(pending) == [SAMPLER, 3, 4, 5]  # the sampler's start, the last three fetches
 
     torch.manual_seed(123)  # the resumed process: other streams until the restore
     log = FetchLog()
-    log.replay_next_epoch({int(k): v for k, v in pending.items()})
-    loader = DataLoader(DATA, batch_size=4, collate_fn=noisy)
+    log.replay_next_epoch(pending)
+    loader = DataLoader(DATA, batch_size=4, collate_fn=noisy, shuffle=True)
     attach(loader, log)
     skipping = DataLoader(DATA, batch_sampler=SkipBatchSampler(loader.batch_sampler, 4), collate_fn=noisy)
     again = iter(skipping)
@@ -62,7 +63,7 @@ def test_without_the_replay_the_pending_batches_differ() -> None:
     """The check above can fail: the same resume without the recorded streams gives other
     batches (the collator's draws start from the resumed process's streams)."""
     torch.manual_seed(0)
-    loader = DataLoader(DATA, batch_size=4, collate_fn=noisy)
+    loader = DataLoader(DATA, batch_size=4, collate_fn=noisy, shuffle=True)
     it = iter(loader)
     ahead = [next(it) for _ in range(6)][4:]
     torch.manual_seed(123)
@@ -81,7 +82,7 @@ def _valid() -> dict[str, Any]:
         "trainer_state": '{"global_step": 3}',
         "counters": {"_tr_loss": torch.tensor(1.5), "_total_loss_scalar": 2.0},
         "callbacks": {"EarlyStoppingCallback": [{"attributes": {"early_stopping_patience_counter": 1}}]},
-        "fetches": {"6": GlobalRNG().state_dict()},
+        "fetches": {"6": GlobalRNG().state_dict(), "sampler": GlobalRNG().state_dict()},
         "rng": GlobalRNG().state_dict(),
         "epoch_rng": None,
     }
@@ -106,3 +107,12 @@ def test_a_damaged_progress_is_refused_with_a_way_out(field: str, value: Any) ->
     refused = rf"hf_progress\.{field} .*resume from another checkpoint"
     with pytest.raises(CorruptCheckpointError, match=refused):
         TrainerProgress().load_state_dict({**_valid(), field: value})
+
+
+def test_the_progress_of_ferrys_first_hf_callback_still_loads() -> None:
+    """Its checkpoints hold the TrainerState only: they resume, without the running loss."""
+    progress = TrainerProgress()
+    progress.load_state_dict({"trainer_state": '{"global_step": 17}'})
+    assert progress.saved is not None and progress.saved["counters"] == {} and progress.saved["rng"] is None
+    progress.step_begins()  # the restore point: nothing to put back but the state
+    assert not progress.resuming

@@ -8,6 +8,9 @@ streams as they were before each of those fetches. The resumed run fetches those
 again (the Trainer's own skip starts at the first untrained one); for each, the streams are
 first set back to what they were before the original fetch, so the batches come out the
 same, and the random streams the training then continues with are the checkpoint's.
+The streams as the epoch's sampler began are replayed too: a sampler that draws its order
+from them (``LengthGroupedSampler``, for ``train_sampling_strategy="group_by_length"``, or
+a plain ``RandomSampler``) draws the interrupted epoch's order again.
 
 How: the DataLoader's batch sampler is replaced, in place, by ``Fetches``, which yields
 the same index lists and notes the streams just before each (the DataLoader fetches that
@@ -25,12 +28,17 @@ from torch.utils.data import DataLoader
 
 from ferry.state.rng import GlobalRNG
 
+SAMPLER = -1
+"""The index under which the streams as the epoch's sampler began are kept."""
+
 
 class FetchLog:
-    """The streams before the last few fetches of the current epoch, and those to replay."""
+    """The streams as the current epoch's sampler began and before its last few fetches,
+    and those to replay, by batch index in the epoch (``SAMPLER`` for the sampler's start)."""
 
     def __init__(self) -> None:
         self.recent: collections.deque[tuple[int, dict[str, Any]]] = collections.deque(maxlen=2)
+        self.start: dict[str, Any] | None = None
         self.replay: dict[int, dict[str, Any]] = {}
         self._next: dict[int, dict[str, Any]] = {}
 
@@ -38,8 +46,11 @@ class FetchLog:
         """Keep the streams of the last ``fetches`` fetches (those a safe point may follow)."""
         self.recent = collections.deque(self.recent, maxlen=max(fetches, 1))
 
-    def pending(self) -> dict[str, dict[str, Any]]:
-        return {str(i): rng for i, rng in self.recent}
+    def pending(self) -> dict[int, dict[str, Any]]:
+        pending = dict(self.recent)
+        if self.start is not None:
+            pending[SAMPLER] = self.start
+        return pending
 
     def replay_next_epoch(self, fetches: dict[int, dict[str, Any]]) -> None:
         """Draw these batches (by index in the epoch) of the next epoch begun from these streams."""
@@ -48,6 +59,10 @@ class FetchLog:
     def epoch_begins(self) -> None:
         self.recent.clear()
         self.replay, self._next = self._next, {}
+        start = self.replay.pop(SAMPLER, None)
+        if start is not None:
+            GlobalRNG().load_state_dict(start)
+        self.start = GlobalRNG().state_dict()
 
     def before_fetch(self, index: int) -> None:
         rng = self.replay.pop(index, None)

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from ferry.errors import CorruptCheckpointError, bug
-from ferry.integrations._hf_fetches import FetchLog
+from ferry.integrations._hf_fetches import SAMPLER, FetchLog
 from ferry.state.rng import GlobalRNG
 
 log = logging.getLogger("ferry")
@@ -86,7 +86,7 @@ class TrainerProgress:
             "counters": counters,
             "epoch_rng": self.epoch_rng if first else None,
             "rng": GlobalRNG().state_dict(),
-            "fetches": {} if first else self.fetches.pending(),
+            "fetches": {} if first else {_key(i): rng for i, rng in self.fetches.pending().items()},
         }
 
     # ------------------------------------------------------------------ resume
@@ -134,13 +134,18 @@ class TrainerProgress:
         """After the safe point of this ``on_step_begin``."""
         self.first_of_epoch = False
         if self.saved is not None:  # the resumed run is where the checkpoint was taken
-            GlobalRNG().load_state_dict(self.saved["rng"])
+            if self.saved["rng"] is not None:  # None: saved by ferry's first HF callback
+                GlobalRNG().load_state_dict(self.saved["rng"])
             self.saved = None
 
     def _saved(self) -> dict[str, Any]:
         if self.saved is None:
             raise bug("the Trainer's progress is put back without a checkpoint")
         return self.saved
+
+
+def _key(index: int) -> str:
+    return "sampler" if index == SAMPLER else str(index)
 
 
 def _callback_states(trainer: Any) -> dict[str, list[dict[str, Any]]]:
@@ -202,7 +207,8 @@ def _parse(state: Any) -> dict[str, Any]:
         raise corrupt("callbacks")
     fetches = state.get("fetches", {})
     if not isinstance(fetches, dict) or not all(
-        isinstance(k, str) and k.isdigit() and isinstance(v, dict) for k, v in fetches.items()
+        isinstance(k, str) and (k.isdigit() or k == "sampler") and isinstance(v, dict)
+        for k, v in fetches.items()
     ):
         raise corrupt("fetches")
     for key in ("rng", "epoch_rng"):
@@ -212,7 +218,7 @@ def _parse(state: Any) -> dict[str, Any]:
         "trainer_state": state["trainer_state"],
         "counters": counters,
         "callbacks": callbacks,
-        "fetches": {int(k): v for k, v in fetches.items()},
+        "fetches": {SAMPLER if k == "sampler" else int(k): v for k, v in fetches.items()},
         "rng": state.get("rng"),
         "epoch_rng": state.get("epoch_rng"),
     }

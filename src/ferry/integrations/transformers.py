@@ -51,6 +51,7 @@ class FerryCallback(TrainerCallback):  # type: ignore[misc]
         self.stop_handler = signal.getsignal(signal.SIGTERM)
         """The SIGTERM handler before the Trainer was made: ferry's (see ``keep_stop_handler``)."""
         self._folder: str | None = None  # a resume folder of ours, removed once read
+        self._eval_on_start: bool | None = None  # set aside for a resumed train() (see resume_from)
         self.zero_code = False
         """Added by zero-code mode (``transformers_auto``), not by the script."""
 
@@ -68,6 +69,8 @@ class FerryCallback(TrainerCallback):  # type: ignore[misc]
                 "instead of skipping its trained batches, so this run trains more steps than an "
                 "uninterrupted one"
             )
+        if getattr(trainer.args, "eval_on_start", False):  # done before the checkpoint: not again
+            trainer.args.eval_on_start, self._eval_on_start = False, True
         if folder is None:
             folder = self._folder = tempfile.mkdtemp(prefix="ferry-hf-resume-")
         self.progress.write_folder(folder, trainer.model)
@@ -116,6 +119,8 @@ class FerryCallback(TrainerCallback):  # type: ignore[misc]
             session.global_step = state.global_step
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._eval_on_start is not None:  # past the Trainer's look at it: as the script set it
+            args.eval_on_start, self._eval_on_start = self._eval_on_start, None
         self.progress.epoch_begins()
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -35,6 +35,7 @@ from transformers import (
     default_data_collator,
     set_seed,
 )
+from transformers.trainer_utils import get_last_checkpoint
 
 
 @dataclass
@@ -105,6 +106,7 @@ def main() -> None:
     script, training = HfArgumentParser((ScriptArguments, TrainingArguments)).parse_args_into_dataclasses()
     set_seed(training.seed)
     config = GPT2Config(vocab_size=128, n_positions=script.block_size, n_embd=32, n_layer=2, n_head=2)
+    config.bos_token_id = config.eos_token_id = 0
     model = GPT2LMHeadModel(config)  # dropout 0.1: the resume must put the RNG back at the right point
     env = os.environ.get
     callbacks: list[Any] = [StopAt(env("HF_STOP_AT", ""), env("HF_STOP_RANK", ""), env("HF_STEP_SLEEP", ""))]
@@ -124,7 +126,11 @@ def main() -> None:
         data_collator=RandomMask(script.mask_prob) if script.mask_prob else default_data_collator,
         callbacks=callbacks,
     )
-    resume = ferry_callback.resume_from(trainer) if ferry_callback is not None else None
+    if ferry_callback is not None:
+        resume = ferry_callback.resume_from(trainer)
+    else:  # as run_clm.py does: the Trainer's own resume from its newest checkpoint folder
+        found = os.path.isdir(training.output_dir) and get_last_checkpoint(training.output_dir)
+        resume = training.resume_from_checkpoint or found or None
     result = trainer.train(resume_from_checkpoint=resume)
     trainer.save_model()
     trainer.save_state()
