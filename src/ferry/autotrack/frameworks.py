@@ -8,6 +8,7 @@ them."""
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 
 from ferry.integrations.framework import FrameworkSupport
@@ -15,6 +16,16 @@ from ferry.integrations.framework import FrameworkSupport
 KNOWN: dict[str, Callable[[], FrameworkSupport]] = {}
 """Import name that arms a framework's support -> a function returning that support.
 Filled by the framework modules' entries below, one line per framework."""
+
+
+_ARMED: set[str] = set()
+"""The top-level packages of the frameworks whose support is armed in this process."""
+
+
+def covers(filename: str) -> bool:
+    """Is ``filename`` in a framework whose armed support captures its loop?"""
+    parts = os.path.abspath(filename).split(os.sep)
+    return any(package in parts for package in _ARMED)
 
 
 def arm_when_imported(after_import: Callable[[str, Callable[[], None]], None]) -> None:
@@ -28,6 +39,7 @@ def arm_when_imported(after_import: Callable[[str, Callable[[], None]], None]) -
             if chosen.state_name not in armed:
                 armed.add(chosen.state_name)
                 chosen.arm()
+                _ARMED.update(m.split(".")[0] for m in chosen.modules)
 
         after_import(module, arm)
 
