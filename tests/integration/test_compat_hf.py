@@ -2,7 +2,8 @@
 run_clm.py-style job (scripts/hf_clm.py) run to its end under `ferry run`, where zero-code
 mode adds its callback to the Trainer and hooks ``Trainer.__init__``/``train``, prints the
 same lines, writes the same files bit for bit (the Trainer's checkpoint folders, its
-``trainer_state.json``, the model and the optimizer) and exits as plain ``python`` does:
+``trainer_state.json``, the model and the optimizer, and what ``inspect`` says of the two
+hooked methods) and exits as plain ``python`` does:
 on one process with ``enable_jit_checkpoint`` (whose SIGTERM handler ferry takes back),
 and under ``torchrun --nproc_per_node 2`` on gloo."""
 

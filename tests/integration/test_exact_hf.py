@@ -53,6 +53,7 @@ def test_stopped_mid_epoch_at_an_epoch_boundary_and_in_evaluation_across_both_mo
     assert "ferry: resuming from ferry's checkpoint at step 10, not from out/checkpoint-8" in got.ferry
     assert not any("error" in line for line in got.ferry), got.ferry
     assert not any("single sample" in line for line in got.stderr)
+    assert got.exit_lag < 10, f"the resumed job exited {got.exit_lag:.1f} s after its last line"
     compat.assert_same(ref, got, streams=("stdout",))
 
 
@@ -76,4 +77,5 @@ def test_torchrun_two_ranks_stopped_on_one_rank_three_times_in_a_row(
     )
     assert codes == [85, 85, 85, 0], "\n".join(got.log[-40:])
     assert _resumed_steps(got) == [2, 6, 8]
+    assert got.exit_lag < 10, f"the resumed job exited {got.exit_lag:.1f} s after its last line"
     compat.assert_same(ref, got, streams=("stdout",))

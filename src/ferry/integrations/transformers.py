@@ -51,6 +51,7 @@ class FerryCallback(TrainerCallback):  # type: ignore[misc]
         self.stop_handler = signal.getsignal(signal.SIGTERM)
         """The SIGTERM handler before the Trainer was made: ferry's (see ``keep_stop_handler``)."""
         self._folder: str | None = None  # a resume folder of ours, removed once read
+        self._model: Any = None  # the model tracked as hf_model
         self._eval_on_start: bool | None = None  # set aside for a resumed train() (see resume_from)
         self.zero_code = False
         """Added by zero-code mode (``transformers_auto``), not by the script."""
@@ -60,6 +61,7 @@ class FerryCallback(TrainerCallback):  # type: ignore[misc]
         (None when starting fresh). ``folder`` defaults to a new local temporary folder (the
         checkpoint directory may be remote), removed once the Trainer has read it."""
         session = self._bind(trainer)
+        self._model = trainer.model
         session.track(hf_model=trainer.model, **{STATE_NAME: self.progress})
         if not self.progress.resuming:
             return None
@@ -106,6 +108,8 @@ class FerryCallback(TrainerCallback):  # type: ignore[misc]
             )
         session = self._bind(self.trainer)
         objects = {}
+        if kwargs.get("model") is not None and kwargs["model"] is not self._model:  # model_init made one
+            objects["hf_model"] = self._model = kwargs["model"]
         if kwargs.get("optimizer") is not None:
             objects["hf_optimizer"] = kwargs["optimizer"]
         if kwargs.get("lr_scheduler") is not None:

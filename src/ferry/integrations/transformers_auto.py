@@ -80,17 +80,18 @@ def _hooked_train(original: Callable[..., Any]) -> Callable[..., Any]:
         if _explicit(self) is not None:  # the script added its own after __init__: it leads
             self.callback_handler.callbacks.remove(callback)
             return original(self, *args, **kwargs)
-        call = signature.bind(self, *args, **kwargs)
         folder = callback.resume_from(self)
-        if folder is not None:
-            given = call.arguments.get("resume_from_checkpoint")
-            if given not in (None, False):
-                log.warning(
-                    "ferry: resuming from ferry's checkpoint at step %d, not from %s",
-                    callback.session.global_step,
-                    given,
-                )
-            call.arguments["resume_from_checkpoint"] = folder
+        if folder is None:
+            return original(self, *args, **kwargs)
+        call = signature.bind(self, *args, **kwargs)
+        given = call.arguments.get("resume_from_checkpoint")
+        if given not in (None, False):
+            log.warning(
+                "ferry: resuming from ferry's checkpoint at step %d, not from %s",
+                callback.session.global_step,
+                given,
+            )
+        call.arguments["resume_from_checkpoint"] = folder
         return original(*call.args, **call.kwargs)
 
     return train

@@ -16,6 +16,7 @@ that a stop lands on the step it was sent at)."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import time
@@ -105,8 +106,8 @@ class StopAt(TrainerCallback):  # type: ignore[misc]
 def main() -> None:
     script, training = HfArgumentParser((ScriptArguments, TrainingArguments)).parse_args_into_dataclasses()
     set_seed(training.seed)
-    config = GPT2Config(vocab_size=128, n_positions=script.block_size, n_embd=32, n_layer=2, n_head=2)
-    config.bos_token_id = config.eos_token_id = 0
+    sizes = {"vocab_size": 128, "n_positions": script.block_size, "n_embd": 32, "n_layer": 2, "n_head": 2}
+    config = GPT2Config(**sizes, bos_token_id=0, eos_token_id=0)
     model = GPT2LMHeadModel(config)  # dropout 0.1: the resume must put the RNG back at the right point
     env = os.environ.get
     callbacks: list[Any] = [StopAt(env("HF_STOP_AT", ""), env("HF_STOP_RANK", ""), env("HF_STEP_SLEEP", ""))]
@@ -137,6 +138,9 @@ def main() -> None:
     if trainer.is_world_process_zero():
         print(f"global_step={result.global_step} train_loss={result.training_loss!r}")
         torch.save(trainer.optimizer.state_dict(), os.path.join(training.output_dir, "optimizer-final.pt"))
+        with open(os.path.join(training.output_dir, "introspection.txt"), "w") as f:  # what hooks must keep
+            for method in (Trainer.__init__, Trainer.train):
+                f.write(f"{method.__module__} {method.__qualname__} {inspect.signature(method)}\n")
 
 
 if __name__ == "__main__":
