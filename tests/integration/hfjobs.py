@@ -24,18 +24,19 @@ SCRIPT = str(SCRIPTS / "hf_clm.py")
 TORCHRUN = (str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node", "2")
 ARGS = (
     "--output_dir", "out", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2",
-    "--num_train_epochs", "3", "--eval_strategy", "steps", "--eval_steps", "4", "--save_steps", "4",
+    "--num_train_epochs", "3", "--eval_strategy", "steps", "--eval_on_start", "true",
     "--save_total_limit", "2", "--load_best_model_at_end", "true", "--metric_for_best_model", "eval_loss",
     "--logging_steps", "2", "--disable_tqdm", "true", "--report_to", "none", "--use_cpu", "true",
     "--learning_rate", "1e-3", "--seed", "0", "--patience", "5", "--mask_prob", "0.2",
-    "--eval_on_start", "true", "--train_sampling_strategy", "group_by_length",
+    "--train_sampling_strategy", "group_by_length",
 )  # fmt: skip
 """40 blocks of 16 tokens, 4 a batch, 2 batches a step: 5 steps an epoch on one process, 3
-on each of 2 ranks (the last of 1 batch); an evaluation before training and every 4 steps,
-a checkpoint folder every 4 steps, the best model loaded at the end, early stopping
-watching, a collator that draws random numbers (in the main process: ``num_workers`` is 0)
-and a sampler that draws each epoch's order from the global stream (``group_by_length``).
-Like run_clm.py, the script resumes from the newest checkpoint folder it finds."""
+on each of 2 ranks (the last of 1 batch); an evaluation before training and at the end of
+each epoch (``eval_strategy="steps"``, every 5 or 3 steps: ``argv``), a checkpoint folder
+after each, the best model loaded at the end, early stopping watching, a collator that
+draws random numbers (in the main process: ``num_workers`` is 0) and a sampler that draws
+each epoch's order from the global stream (``group_by_length``). Like run_clm.py, the
+script resumes from the newest checkpoint folder it finds."""
 JIT = ("--enable_jit_checkpoint", "true")
 
 _WALL_CLOCK = re.compile(r"""(["']\w*(?:_runtime|_per_second)["']: )'?[0-9.e+-]+'?""")
@@ -59,7 +60,9 @@ def env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def argv(*extra: str, torchrun: bool = False) -> list[str]:
-    return [*(TORCHRUN if torchrun else (sys.executable,)), SCRIPT, *ARGS, *extra]
+    every = "3" if torchrun else "5"  # steps an epoch
+    launcher = TORCHRUN if torchrun else (sys.executable,)
+    return [*launcher, SCRIPT, *ARGS, "--eval_steps", every, "--save_steps", every, *extra]
 
 
 def reference(factory: pytest.TempPathFactory, command: Sequence[str]) -> compat.Outcome:
