@@ -7,7 +7,6 @@ them."""
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Callable
 
@@ -44,6 +43,19 @@ def arm_when_imported(after_import: Callable[[str, Callable[[], None]], None]) -
         after_import(module, arm)
 
 
-KNOWN["transformers.trainer"] = lambda: (
-    importlib.import_module("ferry.integrations.transformers_auto").SUPPORT
-)
+def _lightning() -> FrameworkSupport:
+    from ferry.integrations.lightning_auto import SUPPORT
+
+    return SUPPORT
+
+
+KNOWN["lightning.pytorch"] = KNOWN["pytorch_lightning"] = _lightning
+
+
+def _transformers() -> FrameworkSupport:
+    from ferry.integrations.transformers_auto import SUPPORT
+
+    return SUPPORT
+
+
+KNOWN["transformers.trainer"] = _transformers

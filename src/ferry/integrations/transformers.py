@@ -94,7 +94,8 @@ class FerryCallback(TrainerCallback):  # type: ignore[misc]
             if self in callbacks:  # first: the safe point comes before any other on_step_begin
                 callbacks.remove(self)
                 callbacks.insert(0, self)
-            session.framework_loop(FRAMEWORK)
+            session.explicit({}, steps=True)  # zero-code discovery and loop capture step aside
+            session.framework_drives(FRAMEWORK)  # and the Trainer's loaders are the Trainer's
         return session
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -132,7 +133,8 @@ class FerryCallback(TrainerCallback):  # type: ignore[misc]
         if session is None:
             raise bug("no ferry session in this process")
         if state.global_step > session.global_step:  # the previous step is done: a safe point
-            session.global_step = state.global_step - 1
+            # step() counts one more unless a loader tracked before the Trainer drives
+            session.global_step = state.global_step - (session.driver is None)
             session.step()  # checkpoints when one is due, exits 85 after a stop
         self.progress.step_begins()
         if self._folder is not None:  # the Trainer has read it

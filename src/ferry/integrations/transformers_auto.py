@@ -33,9 +33,9 @@ log = logging.getLogger("ferry")
 class TransformersSupport:
     """The ``FrameworkSupport`` of the Hugging Face Trainer (``integrations/framework.py``)."""
 
-    name = "Hugging Face Trainer"
-    modules = ("transformers.trainer",)
-    state_name = STATE_NAME
+    name: str = "Hugging Face Trainer"
+    modules: tuple[str, ...] = ("transformers.trainer",)
+    state_name: str = STATE_NAME
 
     def __init__(self) -> None:
         self.armed = False

@@ -40,10 +40,14 @@ class LoopHooks(Hooks):
 
     driver: LoaderTracker | None
     """The loader whose batches are the training steps."""
+    loaders: dict[str, LoaderTracker]
     last_batch_from: LoaderTracker | None
     loop: LoopState | None
     global_step: int
     _driver_pinned: bool
+    framework: str | None = None
+    """A framework's support drives training (``integrations/framework.py``): its loop makes
+    the safe points and counts the steps; the driving loader's batch requests are neither."""
     _resume: resume.Resume | None
 
     def _restore_all(self) -> None:
@@ -107,7 +111,7 @@ class LoopHooks(Hooks):
         return self._resume is not None and self._resume.pending
 
     def before_batch(self, tracker: LoaderTracker) -> None:
-        if tracker is not self.driver:
+        if tracker is not self.driver or self.framework is not None:
             return
         if not tracker.feeding.safe(tracker.batches):  # an evaluation pass, or what a wrapper holds unknown
             self._between_safe_points()
@@ -124,14 +128,27 @@ class LoopHooks(Hooks):
 
     def after_batch(self, tracker: LoaderTracker) -> None:
         self.last_batch_from = tracker
-        if tracker is self.driver:
+        if tracker is self.driver and self.framework is None:
             self.global_step += 1
 
     def pass_ended(self, tracker: LoaderTracker) -> None:
         """A pass over a loader ended: one over the training loader that trained nothing (an
         evaluation on the training data) made no steps."""
-        if tracker is self.driver and tracker.feeding.trained_nothing():
+        if tracker is self.driver and self.framework is None and tracker.feeding.trained_nothing():
             self.global_step -= tracker.batches
+
+    def framework_drives(self, framework: str, name: str | None = None) -> None:
+        """``framework``'s support drives training: from now on its loop makes the safe points
+        and counts the steps, and zero-code mode tracks no other loader. ``name``: the tracked
+        loader it trains on; it puts its own progress back before its loop runs, so on resume
+        that loader continues the saved epoch at its next iter()."""
+        self.framework = framework
+        if name is None:
+            return
+        tracker = self.loaders[name]
+        self.driver, self._driver_pinned = tracker, True
+        if tracker.resume_at is not None:
+            tracker.relative = True
 
     def note_optimizer_step(self) -> None:
         """The loader that fed the last batch before an optimizer step is the training loader."""

@@ -419,8 +419,13 @@ class WorkerInit:
             worker_rng.set_state(state)
 
 
-def protect_workers(loader: DataLoader[Any], signums: list[int]) -> None:
+def ignore_stops_in_workers(loader: DataLoader[Any], signums: list[int]) -> None:
+    """The loader's workers ignore the stop signals (a loader ferry does not track too)."""
     if loader.num_workers > 0 and not isinstance(loader.worker_init_fn, WorkerInit):
         loader.worker_init_fn = WorkerInit(loader.worker_init_fn, signums)
+
+
+def protect_workers(loader: DataLoader[Any], signums: list[int]) -> None:
+    ignore_stops_in_workers(loader, signums)
     if not stateful_loader.is_stateful(loader):  # a stateful loader restores its own workers
         worker_rng.tag(loader)
