@@ -2,9 +2,13 @@
 from its config (no downloads) on synthetic tokens.
 
     FERRY_DIR=ckpts/hf python examples/hf_trainer_train.py
-    # kill -TERM <pid> mid-epoch: ferry checkpoints after the optimizer step and exits 85;
-    # run the same command again: the Trainer skips the trained batches (at the sampler)
-    # and continues with the same weights, optimizer, scheduler and random state.
+    # kill -TERM <pid> mid-epoch: ferry checkpoints as the next optimizer step begins (the
+    # last one logged, evaluated and saved) and exits 85; run the same command again: the
+    # Trainer skips the trained batches (at the sampler) and continues with the same
+    # weights, optimizer, scheduler, running loss, log history and random state.
+
+Without the callback, `ferry run -- python examples/hf_trainer_train.py` does the same
+(zero-code mode adds it to the Trainer).
 """
 
 from __future__ import annotations

@@ -50,3 +50,12 @@ def _lightning() -> FrameworkSupport:
 
 
 KNOWN["lightning.pytorch"] = KNOWN["pytorch_lightning"] = _lightning
+
+
+def _transformers() -> FrameworkSupport:
+    from ferry.integrations.transformers_auto import SUPPORT
+
+    return SUPPORT
+
+
+KNOWN["transformers.trainer"] = _transformers
