@@ -8,6 +8,7 @@ them."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from importlib import import_module
 
 from ferry.integrations.framework import FrameworkSupport
 
@@ -29,3 +30,6 @@ def arm_when_imported(after_import: Callable[[str, Callable[[], None]], None]) -
                 chosen.arm()
 
         after_import(module, arm)
+
+
+KNOWN["keras"] = lambda: import_module("ferry.integrations.keras_auto").SUPPORT  # type: ignore[no-any-return]

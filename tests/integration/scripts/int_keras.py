@@ -42,9 +42,9 @@ def main() -> None:
         [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)]
     )
     model.compile(optimizer=keras.optimizers.AdamW(1e-2), loss="mse")
-    ferry_cb = FerryCallback(model, loader)
+    ferry_cb = FerryCallback()
     callbacks = [SignalAt(args.signal_at), ferry_cb] if args.signal_at else [ferry_cb]
-    model.fit(loader, epochs=4, initial_epoch=ferry_cb.initial_epoch, callbacks=callbacks, verbose=0)
+    model.fit(loader, epochs=4, callbacks=callbacks, verbose=0)
     args.out.mkdir(parents=True, exist_ok=True)
     state = [np.asarray(keras.ops.convert_to_numpy(v)) for v in model.variables + model.optimizer.variables]
     (args.out / "params.txt").write_text("\n".join(a.tobytes().hex() for a in state) + "\n")
