@@ -1,5 +1,5 @@
 """Keras 3 ``model.fit`` as its users write it (torch backend, no ferry code): a small MLP with
-dropout, AdamW, validation data, and the usual callbacks (ModelCheckpoint per epoch, per 5
+dropout, AdamW, validation data, and the usual callbacks (ModelCheckpoint per epoch, per 7
 batches and best-only, CSVLogger, EarlyStopping, ReduceLROnPlateau), ``verbose=2``.
 
 ``--data`` picks what ``fit`` gets: a torch ``DataLoader`` (shuffled), NumPy arrays (``fit``
@@ -85,13 +85,13 @@ def main() -> None:
     callbacks = [
         keras.callbacks.ModelCheckpoint("ckpt/epoch{epoch:02d}.weights.h5", save_weights_only=True),
         keras.callbacks.ModelCheckpoint(
-            "ckpt/b{epoch:02d}-{batch:02d}.weights.h5", save_weights_only=True, save_freq=5
+            "ckpt/b{epoch:02d}-{batch:02d}.weights.h5", save_weights_only=True, save_freq=7
         ),
         keras.callbacks.ModelCheckpoint(
             "ckpt/best.weights.h5", monitor="val_loss", save_best_only=True, save_weights_only=True, verbose=1
         ),
         keras.callbacks.CSVLogger("log.csv"),
-        keras.callbacks.EarlyStopping(monitor="val_loss", min_delta=0.02, patience=1, verbose=1),
+        keras.callbacks.EarlyStopping(monitor="val_loss", min_delta=0.03, patience=1, verbose=1),
         keras.callbacks.ReduceLROnPlateau(
             monitor="val_loss", factor=0.5, patience=0, min_delta=0.03, verbose=1
         ),
