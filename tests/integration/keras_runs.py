@@ -35,15 +35,15 @@ def env(home: Path, **extra: str) -> dict[str, str]:
     return compat.env_for(home, KERAS_BACKEND="torch", **extra)
 
 
-def plain_reference(factory: pytest.TempPathFactory, data: str) -> compat.Outcome:
-    """``keras_fit.py --data DATA`` run plain to its end, once per session."""
-    base = shared_root(factory) / "keras-references" / data
+def plain_reference(factory: pytest.TempPathFactory, data: str, *extra: str) -> compat.Outcome:
+    """``keras_fit.py --data DATA EXTRA...`` run plain to its end, once per session."""
+    base = shared_root(factory) / "keras-references" / "_".join((data, *extra))
     base.mkdir(parents=True, exist_ok=True)
     with open(base / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         saved = base / "outcome.json"
         if not saved.exists():
-            ref = compat.plain(argv(data), base / "run", env(base / "home"), scrub=scrub)
+            ref = compat.plain(argv(data, *extra), base / "run", env(base / "home"), scrub=scrub)
             assert ref.returncode == 0, "\n".join(ref.log[-40:])
             saved.write_text(json.dumps(dataclasses.asdict(ref)))
         return compat.Outcome(**json.loads(saved.read_text()))

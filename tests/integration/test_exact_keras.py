@@ -9,8 +9,10 @@ stops are real SIGTERMs it sends itself after a given training or validation bat
 (``KERAS_STOP_AT``), so each stop lands on the same step on a busy machine too. Three
 lineages, one per kind of data ``fit`` takes:
 
-- a torch ``DataLoader``, zero-code: stopped inside epoch 2 (step 17), then during the
-  validation of epoch 2: twice in a row, mid-epoch and during evaluation;
+- a torch ``DataLoader`` with two persistent workers, zero-code: stopped inside epoch 2
+  (step 17), then during the validation of epoch 2: twice in a row, mid-epoch and during
+  evaluation (each resumed process skips the trained batches at the sampler of the worker
+  pool Keras made before the restore, and exits at once: the pool is shut down);
 - NumPy arrays, zero-code, stopped after the last batch of epoch 2 (the epoch boundary),
   resumed with the explicit callback as a plain ``python`` run;
 - a ``keras.utils.PyDataset``, stopped under ``ferry run`` with the explicit callback inside
@@ -45,9 +47,10 @@ def _check(ref: compat.Outcome, runs: list[compat.Outcome], codes: list[int], st
 def test_loader_stopped_mid_epoch_then_during_validation(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    ref = plain_reference(tmp_path_factory, "loader")
+    ref = plain_reference(tmp_path_factory, "loader", "--workers", "2")
     stops = env(tmp_path / "home", KERAS_STOP_AT="train:17,val:8")
-    runs = [compat.under_ferry(argv("loader"), tmp_path / "job", stops, scrub=scrub) for _ in range(3)]
+    loader = argv("loader", "--workers", "2")
+    runs = [compat.under_ferry(loader, tmp_path / "job", stops, scrub=scrub) for _ in range(3)]
     # the second stop: during the validation of epoch 2, served before epoch 3's first step
     _check(ref, runs, [85, 85, 0], [17, 24])
 

@@ -69,6 +69,21 @@ class Batches:
         return len(self.real)  # type: ignore[arg-type]
 
 
+def _iterate(loader: DataLoader[Any]) -> Iterator[Any]:
+    """``iter(loader)`` while ``build_skipping`` has put its skipping sampler in place. A
+    persistent worker pool (made when Keras first looked at a batch, before the restore)
+    keeps the sampler it was made with; it is shown the skipping one for this ``iter()``."""
+    pool = getattr(loader, "_iterator", None) if loader.persistent_workers else None
+    if pool is None:
+        return iterate_untracked(loader)
+    kept = pool._index_sampler
+    pool._index_sampler = loader._index_sampler
+    try:
+        return iterate_untracked(loader)
+    finally:
+        pool._index_sampler = kept
+
+
 def fresh(loader: DataLoader[Any]) -> Batches:
     """The training batches of a new iterator of ``loader``, counted from here."""
     position = Position(loader, capture_epoch_rng(loader))
@@ -84,7 +99,7 @@ def replay(loader: DataLoader[Any], saved: dict[str, Any]) -> Batches:
     if count and first is not None and not isinstance(loader.dataset, IterableDataset):
         # Without workers the sampler starts at the first batch; with them, in iter().
         rewind = (lambda: apply_epoch_rng(loader, first)) if loader.num_workers == 0 else None
-        it = build_skipping(loader, count, lambda: iterate_untracked(loader), rewind)
+        it = build_skipping(loader, count, lambda: _iterate(loader), rewind)
     else:
         it = iterate_untracked(loader)
         if count and first is not None:

@@ -34,13 +34,14 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import keras
 from keras.src.backend.torch.trainer import TorchEpochIterator
 from keras.src.callbacks.callback_list import CallbackList
 from keras.src.trainers.epoch_iterator import EpochIterator
 from torch.utils.data import DataLoader
 
 from ferry.errors import ConfigError, FerryError, bug
-from ferry.integrations import _keras_data, _keras_state
+from ferry.integrations import _keras_data, _keras_state, _pools
 from ferry.state.loader import WorkerInit, iterate_untracked
 
 log = logging.getLogger("ferry")
@@ -106,13 +107,19 @@ class KerasFit:
         self.epoch = self.position = self.skip = 0
         self.steps_seen: int | None = None
         self.replay: dict[str, Any] | None = None
-        self.started = self.rerun = self.pending = False
+        self.started = self.rerun = self.pending = self.said_no_data = False
         self._initial_epoch = getattr(model, "_initial_epoch", None)
 
     def begin(self) -> None:
         global _ACTIVE
         _ACTIVE = self
         self.session.explicit({}, steps=True)  # ferry's own discovery and loop capture step aside
+        driver = self.session.driver
+        if driver is not None:  # a loader iterated outside fit (a look at one batch) is not the loop's
+            self.session.loaders.pop(driver.name, None)
+            self.session.driver = None
+            if self.index == 0:  # its batches were counted as steps
+                self.session.global_step = 0
         saved = _saved(self.session)
         if saved is None:
             return
@@ -164,6 +171,7 @@ class KerasFit:
         replay, self.replay = self.replay, None
         batches = _keras_data.fresh(loader) if replay is None else _keras_data.replay(loader, replay)
         self.data = batches.position
+        _pools.watch(batches.real)
         return batches
 
     def protect(self, loader: DataLoader[Any]) -> None:
@@ -184,6 +192,11 @@ class KerasFit:
         self.started, self.callbacks, self.epoch = True, callbacks, epoch
         if self.rerun:
             return False
+        if any(isinstance(cb, keras.callbacks.BackupAndRestore) for cb in callbacks.callbacks):
+            log.warning(
+                "ferry: warning: keras: BackupAndRestore resumes this fit too, at its last backup, and "
+                "would move the epoch under ferry's checkpoint: remove it (ferry resumes at the step)"
+            )
         _STATE.fit = self
         applied = _STATE.applied
         try:
@@ -200,6 +213,12 @@ class KerasFit:
         flush = getattr(self.callbacks, "_flush_futures", None)
         if callable(flush):  # batch-end callbacks Keras dispatched to its threads
             flush()
+        if self.data is None and not self.said_no_data:
+            self.said_no_data = True
+            log.warning(
+                "ferry: warning: keras: the training data of this fit does not come from a torch "
+                "DataLoader: its position is not kept, and a resumed epoch draws from its start"
+            )
         return {
             "version": _VERSION,
             "fit": self.index,
@@ -214,9 +233,15 @@ class KerasFit:
 
     def apply(self, saved: dict[str, Any]) -> None:
         if int(saved["epoch"]) != self.epoch:
+            fix = (
+                "remove keras.callbacks.BackupAndRestore, which resumed it at its own last backup "
+                "(ferry resumes at the step)"
+                if any(isinstance(cb, keras.callbacks.BackupAndRestore) for cb in self.callbacks.callbacks)
+                else "pass fit the initial_epoch the checkpointed run had"
+            )
             raise ConfigError(
                 f"the checkpoint is in epoch {int(saved['epoch']) + 1} of this fit, but fit starts at "
-                f"epoch {self.epoch + 1}: pass fit the initial_epoch the checkpointed run had"
+                f"epoch {self.epoch + 1}: {fix}"
             )
         _keras_state.apply_variables(self.model, saved["variables"])
         _keras_state.apply_callbacks(_theirs(self.callbacks), saved["callbacks"])
@@ -260,9 +285,10 @@ def _get_iterator_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         fit = _ACTIVE
         if fit is not None and self is fit.train:
             return fit.batches(loader)
-        if fit is not None:
-            fit.protect(loader)
-        return iterate_untracked(loader)
+        if fit is None:
+            return iterate_untracked(loader)
+        fit.protect(loader)
+        return _pools.watch(iterate_untracked(loader))
 
     return _get_iterator
 

@@ -14,7 +14,9 @@
   bar's step count are all such attributes. A module-level function (a monitor's
   ``monitor_op``) is kept by name and found again among the loaded modules, never imported.
   CSVLogger's file is kept whole and written back through the logger's own handle, and its
-  row writer rebuilt, so that the file goes on as in the uninterrupted run.
+  row writer rebuilt, so that the file goes on as in the uninterrupted run. Anything else
+  of the script's own callbacks (an open file, an object) is named in a warning at the
+  first checkpoint; Keras's own callbacks hold nothing else that outlives an epoch.
 """
 
 from __future__ import annotations
@@ -156,12 +158,31 @@ def _one(cb: Any) -> dict[str, Any]:
                 sets.append(kind)
         elif (function := _function_name(value)) is not None:
             functions[name] = function
+        elif not callable(value) and not type(cb).__module__.startswith("keras."):
+            _say_lost(cb, name, value)
     state: dict[str, Any] = {"attrs": attrs, "sets": sets, "functions": functions}
     if isinstance(cb, keras.callbacks.CSVLogger) and cb.csv_file is not None and not cb.csv_file.closed:
         cb.csv_file.flush()
         with open(cb.filename, encoding="utf-8", newline="") as f:
             state["file"] = f.read()
     return state
+
+
+_LOST: set[tuple[str, str]] = set()
+
+
+def _say_lost(cb: Any, name: str, value: Any) -> None:
+    """Once per attribute: what of the script's own callback a checkpoint does not keep."""
+    key = (type(cb).__qualname__, name)
+    if key not in _LOST:
+        _LOST.add(key)
+        log.warning(
+            "ferry: warning: keras: %s.%s (a %s) is not kept in checkpoints: a resumed fit has it as "
+            "the script makes it; keep plain values (numbers, strings, arrays, lists, dicts) there",
+            key[0],
+            name,
+            type(value).__name__,
+        )
 
 
 def callbacks(items: list[Any]) -> dict[str, Any]:

@@ -2,11 +2,12 @@
 dropout, AdamW, validation data, and the usual callbacks (ModelCheckpoint per epoch, per 7
 batches and best-only, CSVLogger, EarlyStopping, ReduceLROnPlateau), ``verbose=2``.
 
-``--data`` picks what ``fit`` gets: a torch ``DataLoader`` (shuffled), NumPy arrays (``fit``
-shuffles them itself) or a ``keras.utils.PyDataset`` (shuffled by ``fit`` too). At the end
-it prints the History and writes ``final.txt``: a digest of every model variable and every
-optimizer variable and the number of optimizer steps. ``--ferry-callback`` adds ferry's
-explicit callback (the one line of ferry an explicit-mode script has).
+``--data`` picks what ``fit`` gets: a torch ``DataLoader`` (shuffled; ``--workers N``:
+persistent workers), NumPy arrays (``fit`` shuffles them itself) or a ``keras.utils.PyDataset``
+(shuffled by ``fit`` too). At the end it prints the History and writes ``final.txt``: a
+digest of every model variable and every optimizer variable and the number of optimizer
+steps. ``--ferry-callback`` adds ferry's explicit callback (the one line of ferry an
+explicit-mode script has).
 
 ``KERAS_STOP_AT`` (tests only): ``train:N`` or ``val:N``, comma-separated, sends SIGTERM to
 this process after its N-th training (or validation) batch: a real signal at an exact point.
@@ -65,6 +66,7 @@ def main() -> None:
     parser.add_argument("--data", choices=["loader", "array", "pydataset"], default="loader")
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--ferry-callback", action="store_true", help="ferry's explicit callback")
+    parser.add_argument("--workers", type=int, default=0, help="persistent DataLoader workers")
     args = parser.parse_args()
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(1)
@@ -103,8 +105,9 @@ def main() -> None:
         callbacks.append(FerryCallback())
     fit_args: dict[str, object] = {"epochs": args.epochs, "callbacks": callbacks, "verbose": 2}
     if args.data == "loader":
+        train = TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
         loader = DataLoader(
-            TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), batch_size=8, shuffle=True
+            train, batch_size=8, shuffle=True, num_workers=args.workers, persistent_workers=args.workers > 0
         )
         val = DataLoader(TensorDataset(torch.from_numpy(vx), torch.from_numpy(vy)), batch_size=8)
         history = model.fit(loader, validation_data=val, **fit_args)
