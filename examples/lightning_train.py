@@ -40,7 +40,7 @@ def main() -> None:
     trainer = pl.Trainer(
         max_epochs=20,
         accelerator="cpu",
-        callbacks=[FerryCallback(loader)],
+        callbacks=[FerryCallback()],
         plugins=[SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else [],
         enable_checkpointing=False,  # ferry checkpoints
         logger=False,

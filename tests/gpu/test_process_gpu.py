@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpuneeds import FERRY, why_no_process_checkpoint
 
 from ferry.process import CudaProcess, ProcessState, load_driver, nvml
 
 pytestmark = pytest.mark.gpu
 CHILD = Path(__file__).with_name("train_child.py")
-FERRY = Path(sys.executable).parent / "ferry"
 STEPS = 400
 BALLAST_MB = 512
 
@@ -62,6 +62,15 @@ class Child:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _require_process_checkpoint() -> None:
+    """Before ``reference`` (module fixtures that are autouse come first): no child is run for
+    nothing where the driver's checkpoint API or NVML is missing."""
+    reason = why_no_process_checkpoint()
+    if reason is not None:
+        pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")
@@ -119,9 +128,7 @@ def test_the_cli_suspends_and_wakes_a_training_process(tmp_path: Path, reference
     env = {**os.environ, "FERRY_HOME": str(tmp_path / "home")}
 
     def ferry(*args: str) -> dict[str, Any]:
-        out = subprocess.run(
-            [str(FERRY), *args, "--json"], capture_output=True, text=True, env=env, timeout=300
-        )
+        out = subprocess.run([*FERRY, *args, "--json"], capture_output=True, text=True, env=env, timeout=300)
         assert out.returncode == 0, out.stderr
         return dict(json.loads(out.stdout))
 

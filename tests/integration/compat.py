@@ -63,11 +63,16 @@ class Outcome:
 @dataclass
 class StopAfter:
     """Send ``signum`` to ``ferry run`` once the file ``name`` (relative to the working
-    folder) holds ``lines`` lines, or once stdout has, when ``name`` is "stdout"."""
+    folder) holds ``lines`` lines, or once stdout has, when ``name`` is "stdout"; with
+    ``containing``, only the lines that contain that text are counted."""
 
     name: str
     lines: int
     signum: int = signal.SIGTERM
+    containing: str | None = None
+
+    def count(self, lines: Sequence[str]) -> int:
+        return len(lines) if self.containing is None else sum(self.containing in x for x in lines)
 
 
 def env_for(home: Path, **extra: str) -> dict[str, str]:
@@ -118,10 +123,10 @@ def _launch(
         if stop is None or sent.is_set():
             return
         if stop.name == "stdout":
-            count = len(out)
+            count = stop.count(out)
         else:
             path = cwd / stop.name
-            count = path.read_text().count("\n") if path.exists() else 0
+            count = stop.count(path.read_text().split("\n")[:-1]) if path.exists() else 0  # whole lines
         if count >= stop.lines:
             sent.set()
             with contextlib.suppress(ProcessLookupError):
@@ -160,10 +165,17 @@ def _launch(
 
 
 def plain(
-    argv: Sequence[str], cwd: Path, env: dict[str, str], *, scrub: Scrub = no_scrub, timeout: float = 300
+    argv: Sequence[str],
+    cwd: Path,
+    env: dict[str, str],
+    *,
+    stop: StopAfter | None = None,
+    scrub: Scrub = no_scrub,
+    timeout: float = 300,
 ) -> Outcome:
-    """``argv`` (``[sys.executable, script, ...]``) run as it is, in ``cwd``."""
-    return _launch(argv, cwd, env, scrub, None, timeout)
+    """``argv`` (``[sys.executable, script, ...]``) run as it is, in ``cwd`` (``stop``: a
+    script that uses ferry's explicit API, stopped by a signal)."""
+    return _launch(argv, cwd, env, scrub, stop, timeout)
 
 
 def under_ferry(

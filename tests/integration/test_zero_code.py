@@ -181,9 +181,10 @@ def test_torchrun_two_ranks_signal_one_rank_then_resume_on_two_and_one(tmp_path:
     """DDP + DistributedSampler under `ferry run -- torchrun`: SIGUSR1 to rank 1 alone; both
     ranks save the same step; the resumed run equals the uninterrupted one bit for bit (every
     rank's losses, the weights). The mid-epoch 2-rank checkpoint is refused on 1 rank; an
-    epoch-boundary one resumes there."""
+    epoch-boundary one resumes there. Each rank looks torch up before importing it (as
+    `datasets` does), which once left every rank without ferry's hooks."""
     torchrun = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node"]
-    script = str(SCRIPTS / "zc_ddp.py")
+    script = str(SCRIPTS / "zc_ddp_lookup.py")
     env = env_for(tmp_path / "home", OMP_NUM_THREADS="1")
     ref = subprocess.run(
         [*torchrun, "2", script, "--out", str(tmp_path / "ref")],

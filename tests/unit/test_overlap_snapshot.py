@@ -9,20 +9,24 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import random
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from copygate import CopyGate
 from torch import nn
 
 from ferry.engine import list_checkpoints, load
+from ferry.engine import snapshot as snapshot_module
 from ferry.engine.asyncsave import AsyncSaver, SaveHandle
 from ferry.engine.deferred import OverlapBroken
+from ferry.engine.probe import PROBE_WORDS, Probe
 from ferry.session.overlap import Overlap, deferrable
 from ferry.storage import open_storage
 
@@ -151,6 +155,100 @@ def test_a_parameter_changed_before_the_step_fails_that_checkpoint_and_ends_the_
         assert rig.overlap.defer(rig.objects, False) is None
     assert [c.step for c in list_checkpoints(open_storage(str(tmp_path)))] == [1]
     _assert_equal(_restored(tmp_path), committed)
+
+
+def _refused(rig: Rig, handle: SaveHandle, committed: dict[str, Any], name: str, tmp_path: Path) -> None:
+    """The save of step 2 failed, naming ``name``; step 1's stays the newest; the overlap is off."""
+    with pytest.raises(OverlapBroken, match=rf"{name} was written without torch counting it"):
+        handle.wait()
+    assert [(step, type(exc)) for step, exc in rig.failed] == [(2, OverlapBroken)]
+    assert rig.overlap.defer(rig.objects, False) is None
+    assert [c.step for c in list_checkpoints(open_storage(str(tmp_path)))] == [1]
+    _assert_equal(_restored(tmp_path), committed)
+
+
+def test_a_write_through_data_before_the_copy_fails_that_checkpoint(
+    tmp_path: Path, copy_gate: CopyGate, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``p.data`` is a tensor with a version counter of its own: the parameter's never moves.
+    The copy, held at the gate, would take the weight after the write, whole."""
+    with _rig(tmp_path, copy_gate) as rig:
+        copy_gate.open()
+        rig.save(1).wait()
+        committed = _state(rig.model, rig.opt)
+        rig.train()
+        copy_gate.close()
+        handle = rig.save(2)
+        weight = rig.model[2].weight
+        version = weight._version
+        weight.data.mul_(0.5)  # manual weight decay, the old way
+        assert weight._version == version
+        copy_gate.open()
+        with caplog.at_level(logging.WARNING, logger="ferry"):
+            rig.train()
+        assert "overlap_snapshot is off for the rest of this run" in caplog.text
+        _refused(rig, handle, committed, r"model\.2\.weight", tmp_path)
+
+
+def test_a_write_through_a_numpy_view_during_the_copy_fails_that_checkpoint(
+    tmp_path: Path, copy_gate: CopyGate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first half of the weight's rows is copied, then the script halves the weight through
+    a NumPy view, then the rest is copied: a torn tensor, which must not be committed."""
+    monkeypatch.setattr(snapshot_module, "COPY_CHUNK", 64 << 10)  # 2 MiB: 32 pieces
+    with _rig(tmp_path, copy_gate) as rig:
+        copy_gate.open()
+        rig.save(1).wait()
+        committed = _state(rig.model, rig.opt)
+        rig.train()
+        copy_gate.close()
+        handle = rig.save(2)
+        copy_gate.allow(16)  # model.0.weight comes first: its rows 0-511
+        rig.model[0].weight.detach().numpy()[:] *= 0.5
+        copy_gate.open()
+        rig.train()
+        _refused(rig, handle, committed, r"model\.0\.weight", tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("copy", "after", "changed"),
+    [
+        ("before", "before", False),  # nothing written: passes
+        ("after", "after", True),  # written before the copy: the copy is not the safe point
+        ("before", "after", True),  # written after the copy, before the check: refused too
+        ("torn", "after", True),  # written during the copy
+        ("after", "before", True),  # written, then put back (the copy holds the write)
+    ],
+)
+def test_the_probe_sees_writes_its_version_counter_misses(copy: str, after: str, changed: bool) -> None:
+    """The probed words of a tensor, at the safe point, in its copy and after it."""
+    torch.manual_seed(0)
+    src = torch.randn(1 << 16)
+    before, written = src.clone(), src * 0.5
+    dst = torch.zeros(src.nbytes, dtype=torch.uint8)
+    probe = Probe()
+    probe.host("w", src, src.view(torch.uint8).numpy(), dst.numpy())
+    probe.first()
+    half = src.numel() // 2
+    copied = {"before": before, "after": written, "torn": torch.cat([before[:half], written[half:]])}[copy]
+    dst.view(torch.float32).copy_(copied)
+    src.detach().numpy()[:] = {"before": before, "after": written}[after].numpy()
+    probe.again_host()
+    assert probe.changed() == (("w", "behind torch's back") if changed else None)
+
+
+def test_the_probe_draws_from_none_of_the_scripts_random_streams() -> None:
+    """Its positions come from the operating system's entropy: a resumed run's random streams
+    are the same whether or not a save probed anything."""
+    src = torch.randn(1 << 16)
+    states = (random.getstate(), np.random.get_state()[1].copy(), torch.random.get_rng_state())
+    probe = Probe()
+    probe.host("w", src, src.view(torch.uint8).numpy(), np.zeros(src.nbytes, np.uint8))
+    probe.first()
+    assert random.getstate() == states[0]
+    assert np.array_equal(np.random.get_state()[1], states[1])
+    assert torch.equal(torch.random.get_rng_state(), states[2])
+    assert PROBE_WORDS == 64  # the bound docs/api.md gives is for 64 words
 
 
 def test_a_copy_that_fails_fails_its_save_and_not_the_training_step(

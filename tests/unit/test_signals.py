@@ -232,3 +232,44 @@ def test_ctrl_c_before_the_first_safe_point_interrupts_as_without_ferry() -> Non
     with pytest.raises(KeyboardInterrupt):
         kill(signal.SIGINT)
     assert sig.stop_signal == signal.SIGINT
+
+
+def test_a_handler_installed_over_ferrys_is_found_and_runs_after_it() -> None:
+    """A framework installs its handler after ferry's (Lightning's ends the fit loop at the
+    batch's end, before ferry's safe point): ferry puts its own back at the next safe point;
+    the later handler then runs after ferry's for a checkpoint signal, and for a stop only
+    before the first safe point."""
+    sig = requests()
+    sig.install()
+    seen: list[int] = []
+    later = lambda signum, frame: seen.append(signum)  # noqa: E731
+    signal.signal(signal.SIGTERM, later)
+    signal.signal(signal.SIGUSR2, later)
+    assert sorted(s for s, _ in sig.reassert()) == [signal.SIGUSR2, signal.SIGTERM]
+    assert sig.reassert() == []  # ferry's is in place again
+    kill(signal.SIGTERM)  # before the first safe point: both run
+    assert sig.stop_signal == signal.SIGTERM and seen == [signal.SIGTERM]
+    sig.at_safe_points = True
+    kill(signal.SIGTERM)
+    kill(signal.SIGUSR2)
+    assert seen == [signal.SIGTERM, signal.SIGUSR2] and sig.stop_count == 2 and sig.checkpoint_requested
+    sig.uninstall()
+    assert signal.getsignal(signal.SIGTERM) is later  # the later handler is the one left
+
+
+def test_a_later_handler_that_calls_ferrys_back_does_not_loop() -> None:
+    """Lightning's handler calls the handler it replaced (ferry's), which calls it again."""
+    sig = requests()
+    sig.install()
+    calls: list[int] = []
+    replaced = signal.getsignal(signal.SIGUSR2)
+
+    def later(signum: int, frame: FrameType | None) -> None:
+        calls.append(signum)
+        assert callable(replaced)
+        replaced(signum, frame)
+
+    signal.signal(signal.SIGUSR2, later)
+    sig.reassert()
+    kill(signal.SIGUSR2)
+    assert calls == [signal.SIGUSR2] and sig.count == 1

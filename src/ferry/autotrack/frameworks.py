@@ -7,14 +7,24 @@ them."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
-from importlib import import_module
 
 from ferry.integrations.framework import FrameworkSupport
 
 KNOWN: dict[str, Callable[[], FrameworkSupport]] = {}
 """Import name that arms a framework's support -> a function returning that support.
 Filled by the framework modules' entries below, one line per framework."""
+
+
+_ARMED: set[str] = set()
+"""The top-level packages of the frameworks whose support is armed in this process."""
+
+
+def covers(filename: str) -> bool:
+    """Is ``filename`` in a framework whose armed support captures its loop?"""
+    parts = os.path.abspath(filename).split(os.sep)
+    return any(package in parts for package in _ARMED)
 
 
 def arm_when_imported(after_import: Callable[[str, Callable[[], None]], None]) -> None:
@@ -28,8 +38,24 @@ def arm_when_imported(after_import: Callable[[str, Callable[[], None]], None]) -
             if chosen.state_name not in armed:
                 armed.add(chosen.state_name)
                 chosen.arm()
+                _ARMED.update(m.split(".")[0] for m in chosen.modules)
 
         after_import(module, arm)
 
 
-KNOWN["keras"] = lambda: import_module("ferry.integrations.keras_auto").SUPPORT  # type: ignore[no-any-return]
+def _lightning() -> FrameworkSupport:
+    from ferry.integrations.lightning_auto import SUPPORT
+
+    return SUPPORT
+
+
+KNOWN["lightning.pytorch"] = KNOWN["pytorch_lightning"] = _lightning
+
+
+def _keras() -> FrameworkSupport:
+    from ferry.integrations.keras_auto import SUPPORT
+
+    return SUPPORT
+
+
+KNOWN["keras"] = _keras

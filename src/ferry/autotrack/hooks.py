@@ -21,12 +21,32 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+from ferry.autotrack import frameworks
+from ferry.autotrack.extras import Extras
+from ferry.autotrack.outputs import Outputs
 from ferry.errors import ConfigError, FerryError
+from ferry.runtime.procs import own_process
 from ferry.runtime.signals import SignalRequests
 
 log = logging.getLogger("ferry")
 _early_signals: SignalRequests | None = None
 _stepper: Any = None
+
+
+def _resuming() -> bool:
+    """Is there a committed checkpoint for this process to resume (a cheap look, once)?"""
+    try:
+        from ferry.config import Config
+        from ferry.engine.catalog import list_checkpoints
+        from ferry.storage import open_storage
+
+        directory = Config.from_env().dir
+        return bool(directory) and bool(list_checkpoints(open_storage(directory)))
+    except Exception:  # no root yet, a remote that cannot be asked: nothing to put back
+        return False
+
+
+_outputs = Outputs(lambda filename: _is_user_file(filename), _resuming)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -105,7 +125,8 @@ def arm() -> None:
     config = Config.from_env()
     _early_signals = SignalRequests(config.stop_signals, config.checkpoint_signals)
     _early_signals.install()
-    atexit.register(_at_exit)
+    _outputs.watch()
+    atexit.register(own_process(_at_exit))
     if _loaded("torch"):
         _install()
     else:
@@ -136,6 +157,9 @@ def _at_exit() -> None:
     api = sys.modules.get("ferry.session.api")  # never imported at exit: torch would load late
     signals = _early_signals
     if signals is None or signals.stop_signal is None:
+        why = unarmed_reason()
+        if why is not None:  # a run ferry never protected: say so even without a stop
+            sys.stderr.write(f"ferry: warning: {why}\n")
         return
     if api is not None and getattr(api, "_CURRENT", None) is not None:
         return
@@ -158,7 +182,6 @@ def _at_exit() -> None:
 def _install() -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    from ferry.autotrack import frameworks
     from ferry.autotrack.keeper import LoopKeeper
     from ferry.autotrack.stepping import Stepper
     from ferry.session import api
@@ -226,6 +249,7 @@ def _make() -> Any:
     current.discover = lambda: {**discover(), **stepper.found()}
     current.uncaptured = uncaptured_rngs
     current.loop = stepper.keeper
+    current.extras = Extras(_outputs, _is_user_file, frameworks.covers)
     return current
 
 
@@ -263,9 +287,12 @@ def _name(session: Any, dataloader: Any) -> tuple[str, Any]:
 
 
 def _auto_track(dataloader: Any) -> Any:
-    from ferry.state.loader import track_loader
+    from ferry.state.loader import ignore_stops_in_workers, track_loader
 
     session = _session()
+    if session.framework is not None:  # the framework's support keeps its own loaders' positions
+        ignore_stops_in_workers(dataloader, session.signals.signals)
+        return None
     name, identity = _name(session, dataloader)
     track_loader(name, dataloader, session).identity = identity  # before the session resumes it
     try:

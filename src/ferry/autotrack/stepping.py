@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import gc
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -55,11 +56,19 @@ class Stepper:
         global _ACTIVE
         _ACTIVE = self
         self.forward_handle = nn.modules.module.register_module_forward_pre_hook(_before_forward)
+        # torch.compile's module warns at each call while any global module hook exists: while
+        # this one is the only one, the warning is about ferry, not the script (`_stop_forward`
+        # takes the filter away with the hook, at the first forward of a script that steps an
+        # optimizer or reads a loader)
+        warnings.filterwarnings("ignore", message=_COMPILE_WARNING, category=UserWarning)
 
     def _stop_forward(self) -> None:
         if self.forward_handle is not None:
             self.forward_handle.remove()
             self.forward_handle = None
+            ours = [f for f in warnings.filters if f[1] is not None and f[1].pattern == _COMPILE_WARNING]
+            for item in ours:
+                warnings.filters.remove(item)  # type: ignore[attr-defined]
 
     def before_forward(self, module: nn.Module, args: Any) -> Any:
         if self._optimizer_steps or not torch.is_grad_enabled():
@@ -128,6 +137,7 @@ def _model_name(module: nn.Module) -> str:
 
 
 _ACTIVE: Stepper | None = None
+_COMPILE_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks on modules"
 
 
 def _before_forward(module: nn.Module, args: Any) -> Any:

@@ -9,21 +9,22 @@ waits until those copies are done (``Deferred.wait``, from an optimizer step pre
 
 The contract is checked rather than trusted: each deferred tensor's version counter (which
 every in-place torch op bumps) is noted at the safe point and compared once its copy is
-done. A tensor changed meanwhile fails the checkpoint (``OverlapBroken``), never a
-checkpoint of mixed steps committed. Writes through ``.data`` bump no counter and are not
-seen: code that does them before its optimizer step must leave the overlap off.
+done, and a few of its words, drawn at random, are read at the safe point, in the copy
+and after it (``ferry.engine.probe``: writes through ``.data`` or a NumPy view bump no
+counter). A tensor changed meanwhile fails the checkpoint (``OverlapBroken``), never a
+checkpoint of mixed steps or a torn tensor committed.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
 
+from ferry.engine.probe import Probe
 from ferry.errors import UnsupportedStateError
 
 
@@ -38,15 +39,14 @@ class OverlapBroken(UnsupportedStateError):
 
 @dataclass
 class Deferred:
-    """The copies a snapshot left running, and what each tensor's version was at the safe
-    point. ``wait`` is called from the training thread (before an optimizer step) and from
-    the writing thread (before the bytes are written); whichever comes first waits for the
-    copies and checks the versions, once."""
+    """The copies a snapshot left running, and what it noted of each tensor at the safe
+    point (``probe``). ``wait`` is called from the training thread (before an optimizer
+    step) and from the writing thread (before the bytes are written); whichever comes first
+    waits for the copies and checks them, once."""
 
     host_copies: list[Future[None]] = field(default_factory=list)
     cuda_done: list[torch.cuda.Event] = field(default_factory=list)
-    versions: list[tuple[object, torch.Tensor, int]] = field(default_factory=list)
-    """(what names it, as ``str``; the tensor; its version at the safe point)."""
+    probe: Probe = field(default_factory=Probe)
     waited: float = 0.0
     """Seconds the training thread waited here: part of what the save blocked training."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -70,7 +70,8 @@ class Deferred:
                 except Exception as exc:  # any: the save fails with it, on the writing thread
                     self._error = exc
                 else:
-                    self._error = _changed(self.versions)
+                    self.probe.again_host()
+                    self._error = _broken(self.probe.changed())
                 self._done = True
         if training:
             self.waited += time.perf_counter() - start
@@ -84,14 +85,16 @@ class Deferred:
             raise failed
 
 
-def _changed(versions: Sequence[tuple[object, torch.Tensor, int]]) -> OverlapBroken | None:
-    changed = [str(name) for name, t, v in versions if t._version != v]
-    if not changed:
+def _broken(changed: tuple[object, str] | None) -> OverlapBroken | None:
+    if changed is None:
         return None
-    more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
+    name, how = str(changed[0]), changed[1]
+    if how == "in place":
+        what = f"{name} changed in place"
+    else:  # its version counter did not move: .data, a NumPy view, DLPack
+        what = f"{name} was written without torch counting it (through .data or a NumPy view)"
     return OverlapBroken(
-        f"{changed[0]}{more} changed in place between the safe point and the optimizer's next "
-        "step, while overlap_snapshot copies it: the checkpoint could mix two steps and was not "
-        "committed",
-        changed[0],
+        f"{what} between the safe point and the optimizer's next step, while overlap_snapshot "
+        "copies it: the checkpoint could mix two steps and was not committed",
+        name,
     )

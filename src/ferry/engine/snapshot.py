@@ -23,6 +23,7 @@ import torch
 
 from ferry.engine.deferred import Deferred
 from ferry.engine.format import ALIGN, Flattened, TensorEntry, layout, torch_dtype
+from ferry.engine.probe import Probe
 from ferry.errors import bug
 from ferry.knobs import WRITE_BOUNCE_BYTES, WRITE_SMALL_BYTES
 from ferry.storage.pools import submit
@@ -197,7 +198,7 @@ class _Later:
         self.defer = defer
         self.host: list[tuple[np.ndarray, np.ndarray]] = []
         self.cuda: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.versions: list[tuple[object, torch.Tensor, int]] = []
+        self.probe = Probe()
 
     def take(self, arr: torch.Tensor | np.ndarray, dst: torch.Tensor) -> bool:
         """Defer ``arr``'s copy into ``dst`` if it is one of ``defer``'s: a plain dense
@@ -209,16 +210,20 @@ class _Later:
             return False
         if arr.is_cuda:
             self.cuda.append((dst, arr))
+            self.probe.cuda(name, arr, dst)
         elif arr.is_cpu:
-            self.host.append((dst.numpy(), arr.detach().reshape(-1).view(torch.uint8).numpy()))
+            dst_bytes, src_bytes = dst.numpy(), arr.detach().reshape(-1).view(torch.uint8).numpy()
+            self.host.append((dst_bytes, src_bytes))
+            self.probe.host(name, arr, src_bytes, dst_bytes)
         else:
             return False
-        self.versions.append((name, arr, arr._version))
         return True
 
     def start(self) -> Deferred:
         """Queue the copies: host ones on the copy threads, each GPU's on a side stream that
-        first waits for the work already queued on the device's current stream."""
+        first waits for the work already queued on the device's current stream. The probe's
+        first reads come before any copy, its third after each GPU's (``ferry.engine.probe``)."""
+        self.probe.first()
         done = []
         by_device: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         for dst, src in self.cuda:
@@ -230,10 +235,11 @@ class _Later:
                 for dst, src in copies:
                     dst.view(src.dtype).view(src.shape).copy_(src, non_blocking=True)
                     src.record_stream(side)  # its memory is not reused before the copy ran
+                self.probe.again_cuda(device, side)
                 event = torch.cuda.Event()  # type: ignore[no-untyped-call]
                 event.record(side)
             done.append(event)
-        return Deferred(_start_host(_pieces(self.host)), done, self.versions)
+        return Deferred(_start_host(_pieces(self.host)), done, self.probe)
 
 
 _side_streams: dict[torch.device, torch.cuda.Stream] = {}

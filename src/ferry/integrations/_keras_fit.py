@@ -42,7 +42,7 @@ from torch.utils.data import DataLoader
 
 from ferry.errors import ConfigError, FerryError, bug
 from ferry.integrations import _keras_data, _keras_state, _pools
-from ferry.state.loader import WorkerInit, iterate_untracked
+from ferry.state.loader import ignore_stops_in_workers, iterate_untracked
 
 log = logging.getLogger("ferry")
 
@@ -114,6 +114,7 @@ class KerasFit:
         global _ACTIVE
         _ACTIVE = self
         self.session.explicit({}, steps=True)  # ferry's own discovery and loop capture step aside
+        self.session.framework_drives("Keras")  # and zero-code mode tracks no loader of fit's
         driver = self.session.driver
         if driver is not None:  # a loader iterated outside fit (a look at one batch) is not the loop's
             self.session.loaders.pop(driver.name, None)
@@ -177,8 +178,7 @@ class KerasFit:
     def protect(self, loader: DataLoader[Any]) -> None:
         """Workers ignore the stop signals (``ferry run`` signals the process group): the
         main process saves first."""
-        if loader.num_workers > 0 and not isinstance(loader.worker_init_fn, WorkerInit):
-            loader.worker_init_fn = WorkerInit(loader.worker_init_fn, self.session.signals.signals)
+        ignore_stops_in_workers(loader, self.session.signals.signals)
 
     def epoch_begins(self, callbacks: Any, epoch: int) -> bool:
         """At ``callbacks.on_epoch_begin(epoch)``; True: the callbacks' hooks must not run

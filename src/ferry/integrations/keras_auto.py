@@ -20,9 +20,9 @@ from ferry.integrations._keras_fit import STATE_NAME
 
 
 class KerasSupport:
-    name = "Keras"
-    modules = ("keras",)
-    state_name = STATE_NAME
+    name: str = "Keras"
+    modules: tuple[str, ...] = ("keras",)
+    state_name: str = STATE_NAME
 
     def __init__(self) -> None:
         self.armed = False

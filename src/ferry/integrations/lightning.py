@@ -1,19 +1,17 @@
-"""ferry for Lightning (``lightning`` or, failing that, ``pytorch_lightning``).
+"""ferry for Lightning (``lightning`` or, failing that, ``pytorch_lightning``), explicit mode.
 
-    trainer = Trainer(callbacks=[FerryCallback(train_loader)], ...)
-    trainer.fit(model, train_loader)
+    trainer = Trainer(callbacks=[FerryCallback()], ...)
+    trainer.fit(model, datamodule)
 
-Tracked at ``on_fit_start``, where Lightning would restore its own checkpoint: the
-LightningModule, ``trainer.optimizers``, the schedulers of ``trainer.lr_scheduler_configs``
-and ``trainer.fit_loop`` (epoch, batch and optimizer-step progress). The end of each
-training batch is a safe point, where Lightning's own ``ModelCheckpoint`` saves too. The
-data position is that of the training DataLoader (see ``_position``): the interrupted
-epoch's order is drawn again and the trained batches are skipped at the sampler.
+The callback makes ferry drive that Trainer's ``fit`` exactly as zero-code mode drives every
+``fit`` under ``ferry run`` (``lightning_hooks``): the safe point is the end of each training
+batch, after Lightning logged it and validated; Lightning's own checkpoint content (loops,
+callbacks, the module's ``on_save_checkpoint``, optimizers, schedulers) is ferry's state and
+Lightning restores it itself on resume; the training DataLoader resumes the saved epoch; the
+loggers keep their version folder. So a checkpoint of either mode resumes under the other.
 
 One owner of requeue: ferry (``ferry run``) requeues a stopped job, so Lightning's SLURM
 auto-requeue must be off: ``Trainer(plugins=[SLURMEnvironment(auto_requeue=False)])``.
-Lightning's own SIGTERM handler chains to ferry's and, with requeue off, only notes the
-signal; ferry's checkpoint and exit (85) come first, at the end of the batch.
 """
 
 from __future__ import annotations
@@ -23,25 +21,38 @@ from typing import Any
 try:
     import lightning.pytorch as pl
     from lightning.pytorch.plugins.environments import SLURMEnvironment  # type: ignore[attr-defined]
+
+    _PACKAGE = "lightning.pytorch"
 except ImportError:  # the standalone package
     import pytorch_lightning as pl  # type: ignore[no-redef]
     from pytorch_lightning.plugins.environments import (  # type: ignore[no-redef,attr-defined,assignment]
         SLURMEnvironment,
     )
 
+    _PACKAGE = "pytorch_lightning"
+
 from ferry import session as _session
-from ferry.errors import FerryError, bug
-from ferry.integrations._position import LoaderPosition
+from ferry.errors import FerryError
+from ferry.integrations import lightning_hooks
+
+
+def _by_callback(trainer: Any) -> Any:
+    """The session of the FerryCallback given to ``trainer``, if any."""
+    for callback in getattr(trainer, "callbacks", []):
+        if isinstance(callback, FerryCallback):
+            return _session.current()
+    return None
 
 
 class FerryCallback(pl.Callback):  # type: ignore[misc]
-    """Makes ``Trainer.fit`` preemptible and resumes it exactly. See docs/integrations.md."""
+    """Makes ``Trainer.fit`` preemptible and resumes it exactly. See docs/integrations.md.
 
-    def __init__(self, train_loader: Any) -> None:
+    The session is made when ``fit`` sets up (after a DDP process group exists), not here."""
+
+    def __init__(self) -> None:
         super().__init__()
-        self.session = _session.current()  # installs ferry's signal handlers before Lightning's
-        self.position = LoaderPosition()
-        self.position.attach(train_loader)
+        lightning_hooks.install(_PACKAGE)
+        lightning_hooks.drive_when(_by_callback)
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         env = (
@@ -53,22 +64,3 @@ class FerryCallback(pl.Callback):  # type: ignore[misc]
                 "Lightning's SLURM auto-requeue and ferry would both requeue this job on a stop: "
                 "pass Trainer(plugins=[SLURMEnvironment(auto_requeue=False)]) and let `ferry run` requeue"
             )
-
-    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        objects: dict[str, Any] = {"module": pl_module, "fit_loop": trainer.fit_loop, "data": self.position}
-        for i, optimizer in enumerate(trainer.optimizers):
-            objects[f"optimizer{i}"] = optimizer
-        for i, config in enumerate(trainer.lr_scheduler_configs):
-            objects[f"scheduler{i}"] = config.scheduler
-        if self.session is None:
-            raise bug("no ferry session in this process")
-        self.session.track(**{f"lightning_{name}": obj for name, obj in objects.items()})
-        self.session.restore()
-
-    def on_train_batch_end(
-        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        self.position.batch_done()
-        if self.session is None:
-            raise bug("no ferry session in this process")
-        self.session.step()  # a safe point: checkpoints when one is due, exits 85 after a stop

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable
 
 from ferry.knobs import STOP_PROCESS_SECONDS
 
@@ -84,3 +85,16 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = STOP_PROCESS_SE
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def own_process(hook: Callable[[], None]) -> Callable[[], None]:
+    """``hook``, run only in the process that made it: a forked child inherits exit hooks
+    (DataLoader workers run ``threading``'s at their end; a script's own ``os.fork`` child
+    runs ``atexit``'s), and must not close the parent's session or write its status."""
+    pid = os.getpid()
+
+    def hook_in_own_process() -> None:
+        if os.getpid() == pid:
+            hook()
+
+    return hook_in_own_process

@@ -31,6 +31,15 @@ def chains(previous: Handler, *, stop: bool, at_safe_points: bool) -> bool:
     return True
 
 
+def chains_after(*, stop: bool, at_safe_points: bool) -> bool:
+    """Whether a handler installed after ferry's (a framework's, the script's), over which
+    ferry put its own back (``reassert``), runs after ferry recorded a signal. Not for a stop
+    once the script reaches safe points: such a handler may end the run at its own point
+    (Lightning's ends the fit loop at the batch's end), before ferry's safe point, with no
+    checkpoint. ferry's stop ends the process itself, with a checkpoint and its exit code."""
+    return not (stop and at_safe_points)
+
+
 class SignalRequests:
     """Records "stop" and "checkpoint" requests from signals, in a handler-safe way."""
 
@@ -38,6 +47,9 @@ class SignalRequests:
         self._actions = {getattr(signal, n): "stop" for n in stop}
         self._actions.update({getattr(signal, n): "checkpoint" for n in checkpoint})
         self._previous: dict[int, Handler] = {}
+        self._after: dict[int, Handler] = {}
+        """Handlers installed over ferry's later, which ferry put its own back over."""
+        self._inside = False
         self.stop_signal: int | None = None
         self.checkpoint_requested = False
         self.count = 0
@@ -58,10 +70,38 @@ class SignalRequests:
     def uninstall(self) -> None:
         for signum, previous in self._previous.items():
             if signal.getsignal(signum) == self._handle:
-                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+                later = self._after.get(signum)
+                back = later if later is not None else previous
+                signal.signal(signum, back if back is not None else signal.SIG_DFL)
         self._previous.clear()
+        self._after.clear()
+
+    def reassert(self) -> list[tuple[int, Handler]]:
+        """Put ferry's handler back over any installed since (called at safe points, on the
+        main thread); returns (signal, handler) for each one found, which from now on runs
+        after ferry's (``chains_after``)."""
+        if not self._previous or threading.current_thread() is not threading.main_thread():
+            return []
+        found: list[tuple[int, Handler]] = []
+        for signum in self._previous:
+            current: Handler = signal.getsignal(signum)
+            if current == self._handle or current is None:  # None: installed outside Python
+                continue
+            self._after[signum] = current
+            signal.signal(signum, self._handle)
+            found.append((signum, current))
+        return found
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._inside:  # a later handler calling its own "previous" (ferry's) back
+            return
+        self._inside = True
+        try:
+            self._record(signum, frame)
+        finally:
+            self._inside = False
+
+    def _record(self, signum: int, frame: FrameType | None) -> None:
         self.count += 1
         stop = self._actions.get(signum) == "stop"
         if stop:
@@ -73,6 +113,9 @@ class SignalRequests:
         previous = self._previous.get(signum)
         if callable(previous) and chains(previous, stop=stop, at_safe_points=self.at_safe_points):
             previous(signum, frame)
+        later = self._after.get(signum)
+        if callable(later) and chains_after(stop=stop, at_safe_points=self.at_safe_points):
+            later(signum, frame)
 
     @property
     def signals(self) -> list[int]:

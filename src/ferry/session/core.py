@@ -28,16 +28,17 @@ from ferry.progress import Tally
 from ferry.runtime.control import ControlInbox, Request
 from ferry.runtime.identity import default_job_id
 from ferry.runtime.jobdir import JobDir
+from ferry.runtime.procs import own_process
 from ferry.runtime.signals import SignalRequests
 from ferry.schedulers import detect as detect_scheduler
 from ferry.session import checkpointer, policy, resume, warm
-from ferry.session.loophooks import LoopHooks, LoopState
+from ferry.session.loophooks import LoopExtras, LoopHooks, LoopState
 from ferry.session.reporting import Reporter
 from ferry.session.rngwatch import GeneratorWatch, Look
 from ferry.session.savewatch import SaveWatch
 from ferry.state import loader_identity
 from ferry.state.generators import GeneratorState
-from ferry.state.loader import LoaderTracker, protect_workers, track_loader, untrack_all
+from ferry.state.loader import LoaderTracker, protect_workers, shut_down_pools, track_loader, untrack_all
 from ferry.state.training import TrainingState
 
 log = logging.getLogger("ferry")
@@ -45,7 +46,10 @@ log = logging.getLogger("ferry")
 
 def _register_exit(hook: Callable[[], None]) -> None:
     """Run ``hook`` when the main thread ends, before concurrent.futures stops its thread
-    pools (which atexit would be too late for: a save in flight needs them to commit)."""
+    pools (which atexit would be too late for: a save in flight needs them to commit); in
+    this process only: a forked DataLoader worker inherits the hooks and runs them when it
+    ends (multiprocessing calls ``threading._shutdown`` there)."""
+    hook = own_process(hook)
     register = getattr(threading, "_register_atexit", None)
     try:
         if register is not None:
@@ -118,6 +122,9 @@ class Session(LoopHooks):
         """Zero-code mode: finds what it sees but cannot capture (the script's own random
         generators); those training draws from after the first safe point are warned about."""
         self._generators: GeneratorWatch | None = None
+        self.extras: LoopExtras | None = None
+        """Zero-code mode: the files the script writes, rolled back with the state, and the
+        loops in a library's code, said."""
         self.loop: LoopState | None = None
         """Zero-code mode: captures and restores the plain state of the loop's frames."""
         self.swapped: dict[int, Any] = {}
@@ -176,6 +183,7 @@ class Session(LoopHooks):
                     self.driver = tracker
                     self._driver_pinned = name == "loader"
                 elif loader_identity.succeeds(tracker.identity, self.driver.identity):
+                    tracker.feeding.inherit(self.driver.feeding)
                     self.driver = tracker  # the script builds its training loader anew each epoch
             elif is_stateful(obj) or isinstance(obj, (dict, list)):
                 self.objects[name] = obj
@@ -248,6 +256,9 @@ class Session(LoopHooks):
         saved = self._resume.state.frames
         if self.loop is not None and saved is not None:
             self.swapped = self.loop.restore(saved)
+            if self.extras is not None:
+                for problem in self.extras.restore(saved):
+                    log.warning("ferry: warning: %s", problem)
         if self._resume.in_place:
             for tracker in self.loaders.values():
                 if tracker is not self.driver:
@@ -268,26 +279,25 @@ class Session(LoopHooks):
     # ------------------------------------------------------------------ safe points
     def _safe_point(self) -> None:
         self.signals.at_safe_points = True  # a stop signal now waits for the next one
+        for signum, handler in self.signals.reassert():
+            self.report.handler_replaced(signum, handler)
         if policy.idle(stopping=self._stopping, restore_pending=self._restore_pending):
             return
         if not self._trained:
             self._first_safe_point()
         if self._first_steps is not None:
             self._time_first_steps()
-        now = time.monotonic()
-        if now >= self._next_poll:
-            self._requests.extend(self.inbox.poll())
-            self._next_poll = now + self.config.control_poll_seconds
-        if now >= self._next_status:  # a heartbeat for `ferry list` / `ferry status`
-            self.job.update_status("running", step=self.global_step)
-            self._check_generators()
-            self._next_status = now + STATUS_SECONDS
+        now = self._between_safe_points()
+        point = self._point(now)
+        wish = policy.wish(point)
         if not self.checkpointer.listens(
-            self.global_step, every_steps=self.config.every_steps, last_saved_step=self._last_step
+            self.global_step,
+            every_steps=self.config.every_steps,
+            last_saved_step=self._last_step,
+            wishing=wish.save or wish.stop,
         ):
             return  # between the ranks' agreements: requests and signals wait for the next
-        point = self._point(now)
-        decision = policy.decide(point, self.checkpointer.agree(point, policy.wish(point)))
+        decision = policy.decide(point, self.checkpointer.agree(point, wish))
         if decision.action is policy.Action.NOTHING:
             return
         self.signals.checkpoint_requested = False
@@ -296,6 +306,19 @@ class Session(LoopHooks):
             self._stop(requests, decision.why)
         else:
             self._save(requests)
+
+    def _between_safe_points(self) -> float:
+        """What every batch does, safe point or not: control requests are read and the status
+        beats (for `ferry list` / `ferry status`); returns the time it looked at."""
+        now = time.monotonic()
+        if now >= self._next_poll:
+            self._requests.extend(self.inbox.poll())
+            self._next_poll = now + self.config.control_poll_seconds
+        if now >= self._next_status:
+            self.job.update_status("running", step=self.global_step)
+            self._check_generators()
+            self._next_status = now + STATUS_SECONDS
+        return now
 
     def _point(self, now: float) -> policy.SafePoint:
         return policy.SafePoint(
@@ -318,6 +341,8 @@ class Session(LoopHooks):
         if self.loop is not None:
             self._discover()
             self.loop.examine(self.objects, self._driving_loader())
+            if self.extras is not None:
+                self.extras.examine()
         if self.uncaptured is not None:
             self._generators = GeneratorWatch(self.uncaptured, self.config.ignore_generators)
             self._generators.start()
@@ -351,8 +376,16 @@ class Session(LoopHooks):
             global_step=self.global_step,
             driver=None if self.driver is None else self.driver.name,
             keep_objects=self.checkpointer.keeps_objects,
-            frames=None if self.loop is None else self.loop.capture(self.objects, self._driving_loader()),
+            frames=self._loop_state(),
         )
+
+    def _loop_state(self) -> dict[str, Any] | None:
+        if self.loop is None:
+            return None
+        state = self.loop.capture(self.objects, self._driving_loader())
+        if self.extras is not None:
+            state.update(self.extras.capture())
+        return state
 
     def _driving_loader(self) -> DataLoader[Any] | None:
         return None if self.driver is None else self.driver.loader_ref()
@@ -415,6 +448,7 @@ class Session(LoopHooks):
         """Wait for the save in flight, put signal handlers and hooks back, release the job."""
         if self._closed:
             return
+        self._serve_pending()
         self._closed = True
         self._check_generators()
         try:
@@ -432,6 +466,30 @@ class Session(LoopHooks):
             sys.excepthook = self._previous_excepthook
         untrack_all()
 
+    def _serve_pending(self) -> None:
+        """A checkpoint asked for (``ferry.checkpoint()``, ``ferry checkpoint``) and not yet
+        served when the session closes: served now where this process alone decides and the
+        script's state is whole (explicit mode, one rank); otherwise answered as dropped,
+        with the reason, never dropped in silence."""
+        requests = [r for r in self._requests if r.action == "checkpoint"]
+        if not requests or self._stopping:
+            return
+        self._requests = [r for r in self._requests if r.action != "checkpoint"]
+        if self.loop is None and self.checkpointer.world_size == 1:
+            self.report.awaiting(self.global_step, requests)
+            try:
+                self.checkpointer.agree(self._point(time.monotonic()), policy.Wish(save=True))
+                self._write(blocking=True)
+            except FerryError as exc:
+                self._failed(self.global_step, exc)
+            return
+        why = (
+            "the script ended before its next safe point"
+            if self.loop is not None
+            else f"the {self.checkpointer.world_size} ranks had not reached the step they agree at"
+        )
+        self.report.dropped(self.global_step, requests, why)
+
     @property
     def closed(self) -> bool:
         return self._closed
@@ -442,6 +500,7 @@ class Session(LoopHooks):
         self._previous_excepthook(kind, value, tb)
 
     def _atexit(self) -> None:
+        shut_down_pools()
         if not self._closed:
             if self.signals.stop_signal is not None and not self._stopping:
                 self.report.stop_missed(self.signals.stop_signal, self.global_step)

@@ -25,16 +25,29 @@ class LoopState(Protocol):
     def restore(self, saved: dict[str, Any]) -> dict[int, Any]: ...
 
 
+class LoopExtras(Protocol):
+    """What zero-code mode keeps beside the loop's frames (``autotrack/extras.py``): the
+    files the script writes, the loops that run in a library's code."""
+
+    def examine(self) -> None: ...
+    def capture(self) -> dict[str, Any]: ...
+    def restore(self, saved: dict[str, Any]) -> list[str]: ...
+
+
 class LoopHooks(Hooks):
     """The session's side of the training loop; ``Session`` supplies the state and the two
     actions, ``_restore_all`` and ``_safe_point``."""
 
     driver: LoaderTracker | None
     """The loader whose batches are the training steps."""
+    loaders: dict[str, LoaderTracker]
     last_batch_from: LoaderTracker | None
     loop: LoopState | None
     global_step: int
     _driver_pinned: bool
+    framework: str | None = None
+    """A framework's support drives training (``integrations/framework.py``): its loop makes
+    the safe points and counts the steps; the driving loader's batch requests are neither."""
     _resume: resume.Resume | None
 
     def _restore_all(self) -> None:
@@ -42,6 +55,9 @@ class LoopHooks(Hooks):
 
     def _safe_point(self) -> None:
         raise NotImplementedError  # Session's: save or stop here if asked
+
+    def _between_safe_points(self) -> float:
+        raise NotImplementedError  # Session's: requests and the heartbeat, no save
 
     def fast_forwarding(self, tracker: LoaderTracker) -> bool:
         return self._restore_pending
@@ -95,13 +111,44 @@ class LoopHooks(Hooks):
         return self._resume is not None and self._resume.pending
 
     def before_batch(self, tracker: LoaderTracker) -> None:
-        if tracker is self.driver:
+        if tracker is not self.driver or self.framework is not None:
+            return
+        if not tracker.feeding.safe(tracker.batches):  # an evaluation pass, or what a wrapper holds unknown
+            self._between_safe_points()
+            return
+        # Batches a wrapper holds ahead are not trained yet: the checkpoint's step and
+        # position leave them out, and the resumed run fetches them again.
+        tracker.held = tracker.feeding.held(tracker.batches)
+        self.global_step -= tracker.held
+        try:
             self._safe_point()
+        finally:
+            self.global_step += tracker.held
+            tracker.held = 0
 
     def after_batch(self, tracker: LoaderTracker) -> None:
         self.last_batch_from = tracker
-        if tracker is self.driver:
+        if tracker is self.driver and self.framework is None:
             self.global_step += 1
+
+    def pass_ended(self, tracker: LoaderTracker) -> None:
+        """A pass over a loader ended: one over the training loader that trained nothing (an
+        evaluation on the training data) made no steps."""
+        if tracker is self.driver and self.framework is None and tracker.feeding.trained_nothing():
+            self.global_step -= tracker.batches
+
+    def framework_drives(self, framework: str, name: str | None = None) -> None:
+        """``framework``'s support drives training: from now on its loop makes the safe points
+        and counts the steps, and zero-code mode tracks no other loader. ``name``: the tracked
+        loader it trains on; it puts its own progress back before its loop runs, so on resume
+        that loader continues the saved epoch at its next iter()."""
+        self.framework = framework
+        if name is None:
+            return
+        tracker = self.loaders[name]
+        self.driver, self._driver_pinned = tracker, True
+        if tracker.resume_at is not None:
+            tracker.relative = True
 
     def note_optimizer_step(self) -> None:
         """The loader that fed the last batch before an optimizer step is the training loader."""
@@ -110,3 +157,5 @@ class LoopHooks(Hooks):
             log.info("ferry: %s feeds training; its batches are the safe points", feeding.name)
             self.driver = feeding
             self._driver_pinned = True
+        if self.driver is not None:
+            self.driver.feeding.step(self.driver.batches)

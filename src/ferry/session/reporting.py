@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 from ferry.config import Config
 from ferry.engine import CheckpointInfo
@@ -47,6 +47,7 @@ class Reporter:
         self.config, self.job, self.inbox = config, job, inbox
         self.scheduler, self.transfer, self.progress = scheduler, transfer, progress
         self._awaiting: dict[int, list[Request]] = {}
+        self._replaced: set[tuple[str, str]] = set()
         self._warned_grace = False
 
     def awaiting(self, step: int, requests: list[Request]) -> None:
@@ -81,6 +82,36 @@ class Reporter:
             self.inbox.respond(r.id, ok=True, step=info.step, url=info.url, seconds=info.seconds)
         if not self.progress.stopping:
             self.job.update_status("running", step=self.progress.global_step)
+
+    def handler_replaced(self, signum: int, handler: Any) -> None:
+        """Another handler took over one of ferry's signals; ferry put its own back first."""
+        name = getattr(handler, "__qualname__", None) or type(handler).__name__
+        module = getattr(handler, "__module__", None)
+        what = signal.Signals(signum).name
+        if (what, name) in self._replaced:
+            return
+        self._replaced.add((what, name))
+        log.info(
+            "ferry: %s%s replaced ferry's %s handler; ferry's runs first again: %s",
+            f"{module}." if module else "",
+            name,
+            what,
+            "it records the stop and checkpoints at the next safe point, and that handler runs "
+            "for this signal only before the first one"
+            if what in self.config.stop_signals
+            else "it records the request, then runs that handler",
+        )
+
+    def dropped(self, step: int, requests: list[Request], why: str) -> None:
+        """Checkpoint requests the session closes without serving: said, and answered."""
+        log.warning(
+            "ferry: warning: %d checkpoint request(s) were not served: %s (last step %d)",
+            len(requests),
+            why,
+            step,
+        )
+        for r in requests:
+            self.inbox.respond(r.id, ok=False, error=f"not served: {why}")
 
     def failed(self, step: int, exc: Exception) -> None:
         """The save of ``step`` failed: say so, answer its requests, train on. Called on the

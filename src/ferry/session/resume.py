@@ -136,6 +136,7 @@ class Resume:
         if outcome is loader_identity.Outcome.CONTINUE:
             tracker.epoch = int(position["epoch"])
             tracker.restore_generators(position)
+            tracker.pool_rng = position.get("pool_rng")
             return
         self.check_inputs(tracker, position)
         tracker.resume_at = position
@@ -212,6 +213,7 @@ class Resume:
             return
         if position["batches"] and position["batches"] == position.get("length"):
             tracker.epoch, tracker.batches = int(position["epoch"]), int(position["batches"])
+            tracker.pool_rng = position.get("pool_rng")
             tracker.resume_at, tracker.relative, tracker.restore_pending = None, False, False
         else:
             self.resume_loader(tracker, relative=True, driver=False)

@@ -72,7 +72,8 @@ class _SkipIter:
         has, and pulling more could exhaust it (and make it draw again) too early."""
         if self._it is None:
             if self._rewind is not None:
-                self._rewind()
+                rewind, self._rewind = self._rewind, None
+                rewind()
             self._it = iter(self._sampler)
             if self._skip:
                 next(itertools.islice(self._it, self._skip - 1, self._skip), None)
@@ -110,6 +111,7 @@ class _SkipSampler:
         # skipping iterator. Once that one has started, later epochs iterate normally.
         if self.started is None:
             self.started = _SkipIter(self.inner, self.skip, self.rewind, self.blank)
+            self.rewind = None  # one-shot, and kept alive by a persistent iterator
             return self.started
         if self.started._it is None:
             return self.started

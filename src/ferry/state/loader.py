@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from ferry.state import stateful_loader, worker_rng
 from ferry.state.epoch_replay import apply_epoch_rng, build_skipping, capture_epoch_rng, loader_generators
+from ferry.state.feeding import Feeding
 from ferry.state.inputs import loader_inputs
 from ferry.state.loader_identity import Identity
 from ferry.state.rng import set_generator_state
@@ -42,6 +43,8 @@ class Hooks:
     def after_batch(self, tracker: LoaderTracker) -> None: ...
 
     def at_restore_point(self, tracker: LoaderTracker) -> None: ...
+
+    def pass_ended(self, tracker: LoaderTracker) -> None: ...
 
     def fast_forwarding(self, tracker: LoaderTracker) -> bool:
         return False
@@ -76,6 +79,14 @@ class LoaderTracker:
         """Zero-code mode: where the script built the loader (state/loader_identity.py)."""
         self.worker_rng: dict[str, Any] = {}
         """Per worker id, its RNG state after its last consumed batch (state/worker_rng.py)."""
+        self.feeding = Feeding()
+        """How its batches feed optimizer steps (zero-code mode; state/feeding.py)."""
+        self.held = 0
+        """At a checkpoint: batches handed out but not yet trained (held ahead by a wrapper)."""
+        self.pool_rng: dict[str, Any] | None = None
+        """A persistent worker pool's: the random state its creation drew its base seed from
+        (in this process, or, until the pool is made here, in the checkpoint's)."""
+        self._pool_made = False
 
     # ------------------------------------------------------------------ checkpoint
     def position(self) -> dict[str, Any]:
@@ -83,11 +94,13 @@ class LoaderTracker:
         gens = {} if loader is None else {r: g.get_state() for r, g in loader_generators(loader).items()}
         return {
             "epoch": self.epoch,
-            "batches": self.batches,
+            "batches": self.batches - self.held,
+            "feeding": self.feeding.state(),
             "length": _length(loader),
             "epoch_rng": self.epoch_rng,
             "generators": gens,
             "worker_rng": dict(self.worker_rng),
+            "pool_rng": self.pool_rng if self._pool_made else None,
             **({} if loader is None else {"inputs": loader_inputs(loader)}),
             **({} if loader is None else stateful_loader.position(loader)),
         }
@@ -100,6 +113,9 @@ class LoaderTracker:
 
     # ------------------------------------------------------------------ iteration
     def new_epoch(self, loader: DataLoader[Any], make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+        if self.epoch >= 0:
+            self.hooks.pass_ended(self)
+        self.feeding.new_pass()
         self.epoch += 1
         self.batches = 0
         if not loader.persistent_workers:  # new workers, newly seeded
@@ -113,8 +129,27 @@ class LoaderTracker:
             return _FastForward(self, loader, make, target)
         if target is None or self.epoch != int(target["epoch"]):
             self.epoch_rng = capture_epoch_rng(loader)
-            return TrackedIter(self, self._build(loader, 0, make))
+            rewind = self._make_pool(loader, self.epoch_rng)
+            return TrackedIter(self, self._build(loader, 0, make, rewind))
         return self._resume_epoch(loader, make, target)
+
+    def _make_pool(self, loader: DataLoader[Any], now: dict[str, Any]) -> Callable[[], None] | None:
+        """Before an iter() that creates a persistent worker pool: the pool draws its base seed
+        from the random state, once in the process's life. A pool the checkpoint's process had
+        made already draws it again here, from the state it drew from there (same workers'
+        seeds); then ``now`` is put back before the sampler starts (the returned rewind), so
+        that the draw never shifts later shuffles. None when there is nothing to rewind."""
+        if self._pool_made or not (loader.persistent_workers and loader.num_workers > 0):
+            return None
+        self._pool_made = True
+        if getattr(loader, "_iterator", None) is not None:  # made before ferry tracked it
+            return None
+        saved, self.pool_rng = self.pool_rng, now
+        if saved is None:
+            return None
+        self.pool_rng = saved
+        apply_epoch_rng(loader, saved)
+        return _rewinder(loader, now)
 
     @staticmethod
     def _build(
@@ -161,7 +196,10 @@ class LoaderTracker:
             # resumed; so the epoch's RNG is put back just before the sampler starts.
             epoch_rng = self.epoch_rng
             persistent = loader.persistent_workers and loader.num_workers > 0 and self.epoch > 0
-            rewind = (lambda: apply_epoch_rng(loader, epoch_rng)) if persistent and epoch_rng else None
+            rewind = _rewinder(loader, epoch_rng) if persistent and epoch_rng else None
+            if persistent and epoch_rng:
+                self.pool_rng = target.get("pool_rng") or self.pool_rng
+                rewind = self._make_pool(loader, epoch_rng) or rewind
             self.worker_rng = dict(target.get("worker_rng") or {})
             starts = loader.worker_init_fn if isinstance(loader.worker_init_fn, WorkerInit) else None
             if starts is not None and worker_rng.tagged(loader):
@@ -172,11 +210,38 @@ class LoaderTracker:
                 if starts is not None:
                     starts.rng_states = None  # workers of later epochs start as PyTorch seeds them
         self.batches = skip
+        self.feeding.resumed(skip, target.get("feeding"))
         if self.restore_pending:
             return TrackedIter(self, it, restore_point=True)
         apply_epoch_rng(loader, stash)  # explicit restore already set the save-time state
         self.restore_generators(target)
         return TrackedIter(self, it)
+
+
+def _rewinder(loader: DataLoader[Any], epoch_rng: dict[str, Any]) -> Callable[[], None]:
+    """Puts the epoch's RNG back on ``loader`` just before its sampler starts. It holds the
+    loader weakly: the persistent iterator keeps it, and the loader keeps that iterator, so
+    a strong reference would keep the worker pool alive past the script's end (its workers
+    ignore the stop signals, so multiprocessing's exit would wait for them forever)."""
+    ref = weakref.ref(loader)
+
+    def rewind() -> None:
+        live = ref()
+        if live is not None:
+            apply_epoch_rng(live, epoch_rng)
+
+    return rewind
+
+
+def shut_down_pools() -> None:
+    """At the end of the process: stop the worker pools of the tracked loaders the way their
+    iterators do when they are freed (each worker is told to finish, then joined). A pool
+    still referenced at exit would otherwise be left to multiprocessing, which ends workers
+    with SIGTERM, a signal ferry's workers ignore."""
+    for loader in list(_TRACKED):
+        shutdown = getattr(getattr(loader, "_iterator", None), "_shutdown_workers", None)
+        if callable(shutdown):
+            shutdown()
 
 
 def _in_for_loop(frame: FrameType | None) -> bool:
@@ -237,6 +302,9 @@ class TrackedIter:
 
     def __next__(self) -> Any:
         hooks = self.tracker.hooks
+        if self.tracker.batches == 0 and self.tracker.feeding.site is None:
+            caller = sys._getframe(1)
+            self.tracker.feeding.site = (caller.f_code.co_filename, caller.f_lineno)
         if self._restore_point:
             self._restore_point = False
             hooks.at_restore_point(self.tracker)
@@ -362,8 +430,13 @@ class WorkerInit:
             worker_rng.set_state(state)
 
 
-def protect_workers(loader: DataLoader[Any], signums: list[int]) -> None:
+def ignore_stops_in_workers(loader: DataLoader[Any], signums: list[int]) -> None:
+    """The loader's workers ignore the stop signals (a loader ferry does not track too)."""
     if loader.num_workers > 0 and not isinstance(loader.worker_init_fn, WorkerInit):
         loader.worker_init_fn = WorkerInit(loader.worker_init_fn, signums)
+
+
+def protect_workers(loader: DataLoader[Any], signums: list[int]) -> None:
+    ignore_stops_in_workers(loader, signums)
     if not stateful_loader.is_stateful(loader):  # a stateful loader restores its own workers
         worker_rng.tag(loader)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from torch import nn
+from torch.optim import Optimizer
 
 from ferry.engine import sharded
 from ferry.engine.apply import apply_state
@@ -142,6 +143,11 @@ class TrainingState:
         for name, obj in objects.items():
             if name in saved:
                 apply_state(obj, saved[name], name)
+                if isinstance(obj, Optimizer) and self.global_step > 0:
+                    # what torch's step wrapper notes at the first step(): without it, an LR
+                    # scheduler stepped before this process's first optimizer step (a resume
+                    # at an epoch's end) warns of a call order the script never had
+                    obj._opt_called = True  # type: ignore[attr-defined]
             else:
                 log.warning("ferry: %s is tracked but not in the checkpoint; it starts fresh", name)
 

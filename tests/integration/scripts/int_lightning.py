@@ -54,7 +54,7 @@ def main() -> None:
     y = x.sum(1, keepdim=True)
     loader = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True)  # 12 batches an epoch
     model = Tiny()
-    ferry_cb = FerryCallback(loader)
+    ferry_cb = FerryCallback()
     callbacks = [SignalAt(args.signal_at), ferry_cb] if args.signal_at else [ferry_cb]
     trainer = pl.Trainer(
         max_epochs=4,

@@ -23,11 +23,13 @@ def _arm() -> None:
     import os
 
     if os.environ.get("FERRY_AUTOTRACK") == "1":
-        try:
-            from ferry.autotrack.hooks import arm
-        except ImportError:  # a Python of the job's process tree without ferry: leave it be
+        import importlib.util
+
+        if importlib.util.find_spec("ferry") is None:  # a Python of the job's tree without ferry
             return
         try:
+            from ferry.autotrack.hooks import arm
+
             arm()
         except Exception as exc:  # e.g. a bad FERRY_* variable: never train unprotected
             import sys
