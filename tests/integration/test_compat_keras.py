@@ -33,4 +33,4 @@ def test_uninterrupted_fit_under_ferry_is_the_plain_run(
         argv("loader", "--workers", "2"), tmp_path / "job", env(tmp_path / "home"), scrub=scrub
     )
     compat.assert_same(ref, got)
-    assert got.exit_lag < 10, got.exit_lag
+    assert got.exit_lag < ref.exit_lag + 10, (ref.exit_lag, got.exit_lag)

@@ -41,7 +41,8 @@ def _check(ref: compat.Outcome, runs: list[compat.Outcome], codes: list[int], st
     said = [line for r in runs for line in r.ferry if "with another command line" not in line]
     assert not [line for line in said if "warning" in line or "error" in line], "\n".join(said)
     compat.assert_same(ref, merged(runs), streams=("stdout",))
-    assert max(r.exit_lag for r in runs) < 10, [r.exit_lag for r in runs]
+    # each run exits as soon as the plain one does (Keras's own interpreter exit takes seconds)
+    assert max(r.exit_lag for r in runs) < ref.exit_lag + 10, (ref.exit_lag, [r.exit_lag for r in runs])
 
 
 def test_loader_stopped_mid_epoch_then_during_validation(

@@ -32,7 +32,7 @@ import functools
 import logging
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import keras
 from keras.src.backend.torch.trainer import TorchEpochIterator
@@ -121,7 +121,10 @@ class KerasFit:
             self.session.driver = None
             if self.index == 0:  # its batches were counted as steps
                 self.session.global_step = 0
-        saved = _saved(self.session)
+        try:
+            saved = _saved(self.session)
+        except FerryError as exc:
+            _fail(self.session, exc)
         if saved is None:
             return
         if int(saved["fit"]) > self.index:
@@ -256,7 +259,7 @@ def active() -> KerasFit | None:
     return _ACTIVE
 
 
-def _fail(session: Any, exc: FerryError) -> None:
+def _fail(session: Any, exc: FerryError) -> NoReturn:
     """End the script with one line: no traceback into Keras's loop, the job marked failed."""
     sys.stderr.write(f"ferry: error: {exc}\n")
     session.report.crashed(session.global_step, type(exc), exc)
