@@ -1,8 +1,10 @@
-# Two entry points: `make demo` and `make test`. Both create .venv on first use.
+# Two entry points: `make demo` and `make test`. Both create .venv on first use: the demo
+# installs only torch and ferry itself (about a minute), the tests every extra.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 # This machine keeps the CPU build of torch under /opt/wheels; never let pip fetch a newer one.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 PIP    := $(BIN)/python -m pip install -q $(FIND_LINKS)
@@ -13,6 +15,13 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) torch==2.13.0
 	$(PIP) -c constraints.txt -e '.[test,process,lightning,transformers,keras]'
+	touch $@ $(DEMO_STAMP)
+
+# What the demo needs: torch and ferry's own dependencies, no extra (the full set is 1.8 GB).
+$(DEMO_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) torch==2.13.0
+	$(PIP) -c constraints.txt -e .
 	touch $@
 
 # Debian packages the integration tests use (SLURM, munge, XRootD). Only as root;
@@ -20,7 +29,7 @@ $(STAMP): pyproject.toml
 system-deps:
 	@bash scripts/install-system-deps.sh
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/python examples/demo.py
 
 lint: $(STAMP)

@@ -1,19 +1,19 @@
 """`make demo`: the main job end to end, on this machine, in about a minute.
 
 1. Train examples/train.py plainly, start to finish: the reference.
-2. Train it again under `ferry run` (zero code changes) and send the supervisor SIGTERM,
-   as a scheduler would before preempting: the worker checkpoints at the next safe
-   point and exits with 85 ("checkpointed, resume me").
+2. Train it again under `ferry run` (zero code changes, no options) on "node A" and send
+   the supervisor SIGTERM, as a scheduler would before preempting: the worker checkpoints
+   at the next safe point and exits with 85 ("checkpointed, resume me").
 3. Inspect and verify the checkpoint.
-4. Migrate: copy the committed checkpoint to another "node" (a separate folder with its
-   own job directory) and resume there with `ferry run`.
+4. Move: copy the checkpoint root to "node B" (another folder, with its own job
+   directory) and run the same command there with `--dir` naming the copy: it resumes.
 5. Proof: every per-step loss and every weight bit of the resumed run equals the
    reference.
+6. Run it once more on node B: the job finished, so there is nothing to do.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -32,26 +32,32 @@ def say(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
+def shown(cmd: list[str]) -> str:
+    """A command as the reader would type it: paths relative to the repository."""
+    words = ["ferry" if c == FERRY else "python" if c == sys.executable else c for c in cmd]
+    return "$ " + " ".join(os.path.relpath(w, ROOT) if w.startswith(str(ROOT)) else w for w in words)
+
+
 def run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
-    print(
-        "$ " + " ".join(os.path.relpath(c, ROOT) if c.startswith(str(ROOT)) else c for c in cmd), flush=True
-    )
+    print(shown(cmd), flush=True)
     return subprocess.run(cmd, text=True, **kwargs)  # type: ignore[call-overload, no-any-return]
 
 
 def main() -> int:
     shutil.rmtree(OUT, ignore_errors=True)
-    env = dict(os.environ, FERRY_HOME=str(OUT / "ferry-home"), PYTHONWARNINGS="ignore")
+    node_a, node_b = OUT / "node-a", OUT / "node-b"
+    node_a.mkdir(parents=True)
+    env = dict(os.environ, FERRY_HOME=str(node_a / "ferry-home"), PYTHONWARNINGS="ignore")
+    train = [*TRAIN, "--out", str(OUT / "run"), "--pause", "0.01"]
 
     say("1. reference run, plain python, never interrupted")
     run([*TRAIN, "--out", str(OUT / "reference")], env=env, check=True)
 
-    say("2. the same script under `ferry run`, preempted by SIGTERM after 40 steps")
-    node_a = OUT / "node-a"
-    cmd = [FERRY, "run", "--job-id", "demo", "--dir", str(node_a / "checkpoints"), "--",
-           *TRAIN, "--out", str(OUT / "run"), "--pause", "0.01"]  # fmt: skip
-    print("$ ferry run --job-id demo --dir demo-out/node-a/checkpoints -- python examples/train.py ...")
-    job = subprocess.Popen(cmd, env=env, text=True)
+    say("2. the same script under `ferry run` on node A, preempted by SIGTERM after 40 steps")
+    print(f"(in {os.path.relpath(node_a, ROOT)})")
+    cmd = [FERRY, "run", "--", *train]
+    print(shown(cmd), flush=True)
+    job = subprocess.Popen(cmd, env=env, text=True, cwd=node_a)
     losses = OUT / "run" / "losses.txt"
     while job.poll() is None and (not losses.exists() or losses.read_text().count("\n") < 40):
         time.sleep(0.02)
@@ -62,20 +68,16 @@ def main() -> int:
         return 1
 
     say("3. inspect and verify the checkpoint")
-    run([FERRY, "inspect", str(node_a / "checkpoints")], env=env, check=True)
-    run([FERRY, "verify", str(node_a / "checkpoints")], env=env, check=True)
-    status = json.loads((OUT / "ferry-home" / "jobs" / "demo" / "status.json").read_text())
-    print(f"job status: {status['state']} at step {status['step']}")
+    (root,) = (node_a / "ferry-checkpoints").iterdir()  # the job's: ./ferry-checkpoints/JOB
+    run([FERRY, "inspect", str(root)], env=env, check=True)
+    run([FERRY, "verify", str(root)], env=env, check=True)
 
-    say("4. migrate: move the checkpoint to node B and resume there")
-    node_b = OUT / "node-b"
-    shutil.copytree(node_a / "checkpoints", node_b / "checkpoints")
-    shutil.rmtree(node_a)
-    print("copied demo-out/node-a/checkpoints -> demo-out/node-b/checkpoints; node A wiped")
+    say("4. move: copy the checkpoints to node B and run the same command there")
+    copy = node_b / "checkpoints"
+    shutil.copytree(root, copy)
+    print(f"copied {os.path.relpath(root, ROOT)} -> {os.path.relpath(copy, ROOT)}")
     env_b = dict(env, FERRY_HOME=str(node_b / "ferry-home"), CUDA_VISIBLE_DEVICES="")
-    print("$ ferry run --job-id demo --dir demo-out/node-b/checkpoints -- python examples/train.py ...")
-    done = subprocess.run([FERRY, "run", "--job-id", "demo", "--dir", str(node_b / "checkpoints"), "--",
-                           *TRAIN, "--out", str(OUT / "run")], env=env_b, text=True)  # fmt: skip
+    done = run([FERRY, "run", "--dir", str(copy), "--", *train], env=env_b, cwd=node_b)
     if done.returncode != 0:
         print(f"the resumed run failed with {done.returncode}")
         return 1
@@ -91,11 +93,17 @@ def main() -> int:
     print(
         f"weights: {len(ref_w.splitlines())} tensors, {'bitwise identical' if same_weights else 'DIFFERENT'}"
     )
-    if same_losses and same_weights:
-        print("\nThe job was preempted, moved to another node and resumed, and ended exactly where "
-              "the uninterrupted run ended.")  # fmt: skip
-        return 0
-    return 1
+    if not (same_losses and same_weights):
+        return 1
+
+    say("6. the same command once more on node B: the job finished, nothing to train")
+    again = run([FERRY, "run", "--dir", str(copy), "--", *train], env=env_b, cwd=node_b)
+    if again.returncode != 0 or (OUT / "run" / "losses.txt").read_text().splitlines() != got_losses:
+        print("the finished job ran again")
+        return 1
+    print("\nThe job was preempted, moved to another node and resumed, and ended exactly where "
+          "the uninterrupted run ended.")  # fmt: skip
+    return 0
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@ integration tests (exact resume in explicit and zero-code mode, the supervisor, 
 operator commands, storage backends, faults). The slow ones are listed here, in one
 place, instead of a mark in each file: the soak, the real SLURM cluster, the scheduler
 and trainer-library runs, torchrun jobs, migration, the crash-consistency trials, the
-checkpoint fuzzer, the pseudo-terminal and other-user runs, the longer CLI journeys, and
-the zero-code idiom lineages (thirteen `ferry run` launches).
+checkpoint fuzzer, the pseudo-terminal and other-user runs, the longer CLI journeys, the
+zero-code idiom lineages (thirteen `ferry run` launches), and the wheel built and installed
+into a fresh venv.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import pytest
 SLOW_MODULES = {
     "test_chaos.py",
     "test_slurm.py",
+    "test_slurm_nodes.py",
+    "test_many_nodes.py",
     "test_htcondor.py",
     "test_kubernetes.py",
     "test_integrations.py",
@@ -31,6 +34,7 @@ SLOW_MODULES = {
     "test_job_report.py",
     "test_cooperate.py",
     "test_zero_code_idioms.py",
+    "test_wheel_install.py",
 }
 SLOW_NAMES = ("torchrun", "fsdp", "torch-compile")
 """Any test whose name holds one of these (multi-rank jobs, torch.compile) is slow."""

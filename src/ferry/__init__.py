@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         UnsupportedStateError,
     )
     from ferry.functions import FunctionCheckpoint
+    from ferry.ops.weights import state_dict
     from ferry.session import Session, checkpoint, close, configure, current, restore, step, track
     from ferry.state.stateful import Stateful
 
@@ -46,6 +47,7 @@ _EXPORTS = {
     "load": "ferry.engine",
     "save": "ferry.engine",
     "FunctionCheckpoint": "ferry.functions",
+    "state_dict": "ferry.ops.weights",
     "Stateful": "ferry.state.stateful",
     **dict.fromkeys(
         ["ConfigError", "CorruptCheckpointError", "FerryError", "JobError", "NoCheckpointError",
@@ -107,6 +109,7 @@ __all__ = [
     "restored_step",
     "resumed",
     "save",
+    "state_dict",
     "step",
     "track",
 ]  # fmt: skip

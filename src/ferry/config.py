@@ -78,6 +78,7 @@ LIMITS: dict[str, Limits] = {
     "keep_every": Limits(low=0, high=MAX_COUNT, above=True, whole=True, hint=" (or unset)"),
     "grace_seconds": Limits(low=0.0, high=MAX_SECONDS, above=True, hint=" (a year; or unset)"),
     "control_poll_seconds": Limits(low=0.0, high=3600.0, above=True, hint=" (an hour)"),
+    "stall_seconds": Limits(low=0.0, high=MAX_SECONDS, above=True, hint=" (a year; or unset: never)"),
 }
 """Every numeric field of ``Config`` and its range (the exit codes have checks of their own)."""
 
@@ -128,6 +129,10 @@ class Config:
     """Resume even when a loader's batch size, dataset length, sampler or drop_last differ
     from the checkpoint's (with a warning); by default such a resume is refused, since the
     saved position would mean other samples (FERRY_ALLOW_CHANGED_INPUTS=1)."""
+    stall_seconds: float | None = 60.0
+    """A job of several ranks: a rank not heard from for this long (stopped, hung, cut off)
+    ends the job with a message naming it and its node, instead of leaving every other rank
+    waiting in its next collective for the process group's timeout (None: never)."""
     handoff_dir: str | None = None
     """A host-memory folder (tmpfs) for in-place restarts: a stop for a restart leaves a
     second copy of its checkpoint there, and the restarted worker loads that copy instead of

@@ -6,6 +6,10 @@
 nothing on the machine is touched. Client commands find the cluster through the
 ``SLURM_CONF`` variable in ``SlurmCluster.env``.
 
+``slurm_cluster(nodes=2)`` starts two ``slurmd`` on this machine, one per node (each with its
+own ``-N`` name, port, spool and log; all at 127.0.0.1): SLURM 22.05.8 from Debian runs them
+side by side, so that ``srun -N2`` starts one task on each, as on two machines.
+
 A requeued job runs again ~``CRED_EXPIRE`` + 1 s after its requeue (see the comments in
 ``SLURM_CONF``). The fixture skips, with the reason, when not root or when the packages are
 missing (``make system-deps`` installs them). ``FERRY_KEEP_SLURM=1`` keeps the cluster's
@@ -76,9 +80,40 @@ MinJobAge=600
 KillWait=5
 InactiveLimit=0
 SlurmdParameters=config_overrides
-NodeName={node} NodeAddr=127.0.0.1 NodeHostname={node} CPUs=1 State=UNKNOWN
-PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
+{nodes}PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP
 """
+NODE_LINE = "NodeName={node} NodeAddr=127.0.0.1 NodeHostname={node}{port} CPUs=1 State=UNKNOWN\n"
+
+
+def node_names(nodes: int) -> list[str]:
+    """One node: ``ferrynode``; more: ``ferrynode1``, ``ferrynode2``, ..."""
+    return [NODE] if nodes == 1 else [f"{NODE}{i + 1}" for i in range(nodes)]
+
+
+def cluster_conf(base: Path, nodes: int, cred_expire: int | None) -> str:
+    """slurm.conf for ``nodes`` slurmd on this machine: each node of several has its own port,
+    spool folder, pid and log file (``%n``: the node's name)."""
+    names = node_names(nodes)
+    conf = SLURM_CONF.format(
+        base=base,
+        host=socket.gethostname().split(".")[0],
+        ctld_port=_free_port(),
+        slurmd_port=_free_port(),
+        munge_socket=base / "munge" / "munge.socket",
+        cred_expire="" if cred_expire is None else f",cred_expire={cred_expire}",
+        nodes="".join(
+            NODE_LINE.format(node=n, port="" if nodes == 1 else f" Port={_free_port()}") for n in names
+        ),
+        names=",".join(names),
+    )
+    if nodes > 1:
+        for key, name in (
+            ("SlurmdSpoolDir", "spool"),
+            ("SlurmdPidFile", "slurmd.pid"),
+            ("SlurmdLogFile", "slurmd.log"),
+        ):
+            conf = conf.replace(f"{key}={base}/{name}", f"{key}={base}/%n-{name}")
+    return conf
 
 
 @dataclass(frozen=True)
@@ -184,9 +219,9 @@ def _start_munge(base: Path) -> subprocess.Popen[bytes]:
 
 
 @contextlib.contextmanager
-def slurm_cluster(cred_expire: int | None = CRED_EXPIRE) -> Iterator[SlurmCluster]:
-    """Start munged, slurmctld and slurmd; stop them (and any job left) on the way out.
-    ``cred_expire``: AuthInfo's, in seconds; None leaves SLURM's default (120 s)."""
+def slurm_cluster(cred_expire: int | None = CRED_EXPIRE, nodes: int = 1) -> Iterator[SlurmCluster]:
+    """Start munged, slurmctld and one slurmd per node; stop them (and any job left) on the way
+    out. ``cred_expire``: AuthInfo's, in seconds; None leaves SLURM's default (120 s)."""
     base = Path(tempfile.mkdtemp(prefix="ferry-slurm-"))
     base.chmod(0o755)  # munged, as user munge, must reach its folder inside
     procs: list[subprocess.Popen[bytes]] = []
@@ -194,25 +229,16 @@ def slurm_cluster(cred_expire: int | None = CRED_EXPIRE) -> Iterator[SlurmCluste
         procs.append(_start_munge(base))
         (base / "state").mkdir()
         (base / "spool").mkdir()
+        for name in node_names(nodes) if nodes > 1 else []:
+            (base / f"{name}-spool").mkdir()
         conf = base / "slurm.conf"
-        conf.write_text(
-            SLURM_CONF.format(
-                base=base,
-                node=NODE,
-                host=socket.gethostname().split(".")[0],
-                ctld_port=_free_port(),
-                slurmd_port=_free_port(),
-                munge_socket=base / "munge" / "munge.socket",
-                cred_expire="" if cred_expire is None else f",cred_expire={cred_expire}",
-            )
-        )
+        conf.write_text(cluster_conf(base, nodes, cred_expire))
         cluster = SlurmCluster(base=base, conf=conf)
         env = {**os.environ, **cluster.env}
-        for argv in (
-            [_which("slurmctld"), "-D", "-i", "-f", str(conf)],
-            [_which("slurmd"), "-D", "-N", NODE, "-f", str(conf)],
-        ):
-            name = Path(argv[0]).name
+        daemons = [[_which("slurmctld"), "-D", "-i", "-f", str(conf)]]
+        daemons += [[_which("slurmd"), "-D", "-N", name, "-f", str(conf)] for name in node_names(nodes)]
+        for argv in daemons:
+            name = Path(argv[0]).name + (f"-{argv[3]}" if nodes > 1 and argv[2] == "-N" else "")
             procs.append(
                 subprocess.Popen(
                     argv,
@@ -228,8 +254,8 @@ def slurm_cluster(cred_expire: int | None = CRED_EXPIRE) -> Iterator[SlurmCluste
             out = cluster.run("sinfo", "--noheader", "--format=%t", check=False)
             return out.strip() == "idle"
 
-        logs = [base / "slurmctld.log", base / "slurmd.log", base / "slurmctld.out", base / "slurmd.out"]
-        _wait("the SLURM cluster (node idle)", idle, procs, logs)
+        logs = [base / "slurmctld.log", base / "slurmctld.out", *base.glob("*slurmd*")]
+        _wait("the SLURM cluster (every node idle)", idle, procs, logs)
         yield cluster
     finally:
         with contextlib.suppress(Exception):

@@ -53,7 +53,8 @@ def test_report_of_a_killed_stopped_and_resumed_job(tmp_path: Path) -> None:
 
     job = JobDir(str(path))
     timeline = report.build("r", job.events(), job.status(), exists=report.checkpoint_exists)
-    assert [m["kind"] for m in timeline.marks] == ["failure", "stop"]  # 77 is no failure
+    # 77 is no failure; the second `ferry run` of the job picked up where the stop left it
+    assert [m["kind"] for m in timeline.marks] == ["failure", "stop", "resume"]
     (lost,) = timeline.lost
     assert 0 < lost["end"] - lost["start"] < 30
     assert len(timeline.segments) == 3 and len(timeline.startups) == 3  # every worker's start-up
@@ -68,7 +69,7 @@ def test_report_of_a_killed_stopped_and_resumed_job(tmp_path: Path) -> None:
     made = ferry(home, "report", "r", "-o", str(tmp_path / "r.html"), "--json")
     assert made.exit_code == 0, made.output
     summary = json.loads(made.stdout)
-    assert [m["kind"] for m in summary["marks"]] == ["failure", "stop"]
+    assert [m["kind"] for m in summary["marks"]] == ["failure", "stop", "resume"] and summary["runs"] == 2
     assert summary["deleted_checkpoints"] == len(steps) - 2 and summary["lost_seconds"] > 0
     png = (tmp_path / "r.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000

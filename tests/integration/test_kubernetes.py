@@ -43,7 +43,9 @@ def _model(data: dict[str, Any], kind: str) -> Any:
     return model
 
 
-@pytest.mark.parametrize("name", ["kubernetes/pod.yaml", "kubernetes/pytorchjob.yaml"])
+@pytest.mark.parametrize(
+    "name", ["kubernetes/pod.yaml", "kubernetes/pytorchjob.yaml", "kubernetes/pytorchjob-nodes.yaml"]
+)
 def test_recorded_manifests_validate_against_the_api_models(name: str) -> None:
     yaml = pytest.importorskip("yaml")
     docs = list(yaml.safe_load_all((EXAMPLES_DIR / name).read_text()))
@@ -53,9 +55,14 @@ def test_recorded_manifests_validate_against_the_api_models(name: str) -> None:
     if "Pod" in kinds:
         pod = _model(kinds["Pod"], "V1Pod")
     else:  # a CRD: its pod template is a core PodTemplateSpec
-        master = kinds["PyTorchJob"]["spec"]["pytorchReplicaSpecs"]["Master"]
-        assert master["restartPolicy"] == "OnFailure"
-        pod = _model(master["template"], "V1PodTemplateSpec")
+        replicas = kinds["PyTorchJob"]["spec"]["pytorchReplicaSpecs"]
+        for replica in replicas.values():  # a Master, and Workers on many nodes: one pod per node
+            assert replica["restartPolicy"] == "OnFailure"
+            _model(replica["template"], "V1PodTemplateSpec")
+        pod = _model(replicas["Master"]["template"], "V1PodTemplateSpec")
+        if "Worker" in replicas:  # every node mounts the claim: ReadWriteMany
+            assert kinds["PersistentVolumeClaim"]["spec"]["accessModes"] == ["ReadWriteMany"]
+            assert replicas["Master"]["template"] == replicas["Worker"]["template"]
     grace = pod.spec.termination_grace_period_seconds
     container = pod.spec.containers[0]
     hook = container.lifecycle.pre_stop._exec.command

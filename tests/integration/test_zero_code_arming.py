@@ -11,7 +11,7 @@ import pytest
 
 import compat
 from test_zero_code import FERRY, plain, training_record, under_ferry
-from trainrun import SCRIPTS, env_for
+from trainrun import env_for
 
 pytestmark = pytest.mark.integration
 
@@ -61,17 +61,6 @@ def test_hooks_keep_what_introspection_sees(tmp_path: Path) -> None:
         "__iter__ DataLoader.__iter__ torch.utils.data.dataloader True torch.utils.data.dataloader",
         "loader False",
     ]
-
-
-def test_lightning_recreates_loaders_under_ferry_as_without_it(tmp_path: Path) -> None:
-    """Lightning reads ``DataLoader.__init__``'s signature to re-create a loader (``predict``,
-    DDP's sampler): behind a ``(*args, **kwargs)`` hook it recorded nothing and failed with
-    ``AttributeError: ... '__dataset'``, only under ferry."""
-    pytest.importorskip("lightning")
-    argv = [sys.executable, str(SCRIPTS / "zc_lightning_predict.py")]
-    ref = compat.plain(argv, tmp_path / "plain", compat.env_for(tmp_path / "h0"))
-    got = compat.under_ferry(argv, tmp_path / "ferry", compat.env_for(tmp_path / "h1"))
-    compat.assert_same(ref, got)
 
 
 def test_torch_compile_prints_no_warning_about_ferrys_module_hook(tmp_path: Path) -> None:

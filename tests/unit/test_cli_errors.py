@@ -31,6 +31,15 @@ def ferry(home: Path, *args: str) -> Result:
     return CliRunner().invoke(main, list(args), env={**env, "FERRY_HOME": str(home)})
 
 
+def usage_error(result: Result, option: str, *words: str) -> None:
+    """Click's usage error (exit 2), naming the option as typed."""
+    assert result.exit_code == 2, result.output
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"Error: Invalid value for '{option}'"), result.stderr
+    for word in words:
+        assert word in last, last
+
+
 def one_line_error(result: Result, code: int, *words: str) -> None:
     assert result.exit_code == code, result.output
     lines = result.stderr.strip().splitlines()
@@ -74,14 +83,14 @@ def test_unknown_job_dead_pid_and_foreign_pid(tmp_path: Path) -> None:
         other.wait()
     one_line_error(ferry(tmp_path, "checkpoint", "a/b"), 2, "not a job id or a PID")
     one_line_error(ferry(tmp_path, "checkpoint"), 2, "either JOB or --all")
-    one_line_error(ferry(tmp_path, "checkpoint", "x", "--wait", "--timeout", "0"), 2, "--timeout")
+    usage_error(ferry(tmp_path, "checkpoint", "x", "--wait", "--timeout", "0"), "--timeout", "above 0")
 
 
 def test_busy_and_bad_devices_leave_the_job_untouched(live: Any) -> None:
     home, job, worker = live
     assert json.loads(ferry(home, "list", "--json").stdout)["jobs"][0]["devices"] == "0"
-    one_line_error(ferry(home, "migrate", "w", "--to", "gpu1"), 2, "not a device list")
-    one_line_error(ferry(home, "migrate", "w", "--to", "1,1"), 2, "names a device twice")
+    usage_error(ferry(home, "migrate", "w", "--to", "gpu1"), "--to", "not a device list")
+    usage_error(ferry(home, "migrate", "w", "--to", "1,1"), "--to", "names a device twice")
     one_line_error(
         ferry(home, "migrate", str(worker.pid), "--to", "0"), 2, "already runs on", "nothing to move"
     )

@@ -10,16 +10,17 @@ import sys
 
 import click
 import pytest
+from click.testing import CliRunner
 
-from ferry.cli import COMMANDS, _short_help, main
+from ferry.cli import COMMANDS, GROUPS, _short_help, main
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_the_table_holds_each_commands_own_help(name: str) -> None:
     command = main.get_command(click.Context(main), name)
-    assert command is not None, f"ferry.cli.{COMMANDS[name][0]} defines no command {name!r}"
+    assert command is not None, f"ferry.cli.{COMMANDS[name].module} defines no command {name!r}"
     first = inspect.cleandoc(command.help or "").split("\n\n")[0].replace("\n", " ")
-    assert COMMANDS[name][1] == first
+    assert COMMANDS[name].help == first
     for limit in (30, 45, 80):
         assert _short_help(name, limit) == command.get_short_help_str(limit)
 
@@ -27,9 +28,24 @@ def test_the_table_holds_each_commands_own_help(name: str) -> None:
 def test_every_command_of_the_modules_is_in_the_table() -> None:
     import importlib
 
-    for module in {m for m, _ in COMMANDS.values()}:
+    for module in {entry.module for entry in COMMANDS.values()}:
         for command in importlib.import_module(f"ferry.cli.{module}").COMMANDS:
-            assert COMMANDS.get(command.name or "", ("",))[0] == module, command.name
+            entry = COMMANDS.get(command.name or "")
+            assert entry is not None and entry.module == module, command.name
+
+
+def test_help_groups_the_commands_with_their_whole_summaries() -> None:
+    """Issue 30: jobs, checkpoints, process-level and tools apart, no summary cut to "..."."""
+    result = CliRunner().invoke(main, ["--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    text = result.output
+    headings = [text.index(GROUPS[group]) for group in GROUPS]
+    assert headings == sorted(headings), headings
+    for name, entry in COMMANDS.items():
+        line = next(line for line in text.splitlines() if line.split()[:1] == [name])
+        assert line.split(None, 1)[1] == entry.help, line  # whole, on one line where it fits
+        section = max(i for i, at in enumerate(headings) if at < text.index(line))
+        assert list(GROUPS)[section] == entry.group, name
 
 
 @pytest.mark.parametrize(

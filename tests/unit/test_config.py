@@ -272,6 +272,7 @@ NUMERIC = {
     "failure_exit_code": "int",
     "grace_seconds": "float",
     "control_poll_seconds": "float",
+    "stall_seconds": "float",
 }
 """Every numeric field of Config (checked against the dataclass below)."""
 HOSTILE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"), "-1": -1, "absurd": 10**30}

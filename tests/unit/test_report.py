@@ -3,12 +3,16 @@ when matplotlib is not installed."""
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
 import pytest
 
 from ferry.errors import ConfigError
 from ferry.ops import figure, report
+from ferry.ops.jobs import JobRecord
+from ferry.runtime.jobdir import JobDir, write_json_atomic
 from ferry.runtime.jobfiles import Event, Status
 
 
@@ -134,3 +138,45 @@ def test_a_migration_is_one_mark_when_its_worker_stopped() -> None:
 )
 def test_the_time_axis_reads_in_a_unit_that_fits(span: float, unit: str) -> None:
     assert figure.time_unit(span)[0] == unit
+
+
+def test_a_job_run_again_is_one_lineage_with_its_resume_marked(tmp_path: Path) -> None:
+    """Issue 30: every run that wrote the job's checkpoint root, under any job id, is one
+    report: the stop of the first and the resume of the next on one time axis."""
+    first = [
+        ev(0.0, "run_start"),
+        ev(0.1, "worker_start", pid=10),
+        ev(1.0, "training_start", step=0),
+        ev(3.0, "stop", step=9, url="ck/step-9", exit_code=85),
+        ev(3.1, "worker_exit", pid=10, returncode=85),
+        ev(3.2, "run_end", state="checkpointed", exit_code=85),
+    ]
+    second = [
+        ev(50.0, "run_start"),
+        ev(50.1, "worker_start", pid=20),
+        ev(52.0, "resume", step=9, url="ck/step-9"),
+        ev(60.0, "worker_exit", pid=20, returncode=0),
+        ev(60.1, "run_end", state="finished", exit_code=0),
+    ]
+    runs = {
+        "host-1": ("/ck", first, 3.2),
+        "train-ab12cd34": ("/ck", second, 60.1),
+        "other": ("/x", first, 9.0),
+    }
+    for job_id, (root, events, ended) in runs.items():
+        job = JobDir.create(job_id, str(tmp_path / job_id))
+        job.write_identity(id=job_id, checkpoint_dir=root, created=events[0]["time"])
+        lines = [json.dumps(e) for e in events]  # with the times of the table, not of now
+        (tmp_path / job_id / "events.jsonl").write_text("\n".join(lines) + "\n")
+        job.update_status("finished" if root == "/ck" and ended > 50 else "checkpointed", step=9)
+        write_json_atomic(job.file("status.json"), {**job.status(), "updated": ended})
+    records = [JobRecord.load(str(tmp_path / name)) for name in runs]
+    lineage = report.lineage(records[1], records)
+    assert [r.id for r in lineage] == ["host-1", "train-ab12cd34"]  # oldest first; not "other"
+    events, status = report.merged(lineage)
+    assert status["state"] == "finished"
+    tl = report.build("train-ab12cd34", events, status)
+    assert tl.runs == 2 and [m["kind"] for m in tl.marks] == ["stop", "resume"]
+    assert tl.marks[1]["text"] == "run again: resumed at step 9"
+    assert tl.down == [{"start": 3.0, "end": 50.1}]  # stopped until someone ran it again
+    assert "1 stops,\n1 resumes" in report.page(tl, status, "<svg></svg>")

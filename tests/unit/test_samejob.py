@@ -34,6 +34,8 @@ def test_points_to_the_newest_checkpointed_job_of_the_same_command(
     job(tmp_path, "other-command", [*ARGV, "--more"], "/ck/x", 50, when=3.0)
     job(tmp_path, "never-saved", ARGV, "/ck/none", None)
     job(tmp_path, "this", ARGV, "/ck/this", 3, when=4.0)  # the job itself: not a pointer
+    job(tmp_path, "done", ARGV, "/ck/done", 20, when=5.0)  # finished: nothing to resume there
+    JobDir(str(tmp_path / "jobs" / "done")).update_status("finished", exit_code=0)
     found = checkpointed_job(ARGV, os.getcwd(), not_dir="/ck/this", not_id="this")
     assert found is not None and (found.id, found.checkpoint_dir, found.step) == ("new", "/ck/new", 9)
     assert checkpointed_job(ARGV, os.getcwd(), not_dir="/ck/new", not_id="zzz") is not None

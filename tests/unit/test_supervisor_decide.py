@@ -33,7 +33,7 @@ def X(returncode: int, stop: str | None = None, **known: Any) -> WorkerExit:
 ROWS: list[tuple[str, WorkerExit, RunOptions, str, int, float, str]] = [
     ("finished", X(0), Opt(), "finished", 0, 0, "the worker finished"),
     ("finished after a stop", X(0, "SIGTERM"), Opt(), "finished", 0, 0, "the worker finished"),
-    ("checkpointed", X(85), Opt(), "checkpointed", 85, 0, "checkpointed and stopped; to resume"),
+    ("checkpointed", X(85), Opt(), "checkpointed", 85, 0, "stopped; run the same command again"),
     ("checkpointed, named", X(85), Opt(job_id="j"), "checkpointed", 85, 0, "run the same command again"),
     ("stop, checkpointed", X(85, "SIGTERM"), Opt(), "checkpointed", 85, 0, "checkpointed on SIGTERM"),
     ("HTCondor's code", X(99, "SIGTERM"), Opt(exit_code=99), "checkpointed", 99, 0, "on SIGTERM"),
@@ -92,9 +92,13 @@ def test_the_notes_say_why_a_code_was_reread_or_a_restart_refused() -> None:
     assert "0 of 0 restarts are used (--restarts): exiting with 85 instead" in refused.notes[0][1]
 
 
-def test_the_resume_hint_names_the_folder_only_when_the_command_does_not() -> None:
-    assert resume_hint(RunOptions(), "/a b/c") == "to resume, run it again with --dir '/a b/c'"
-    assert resume_hint(RunOptions(dir="/x"), "/x") == "run the same command again to resume"
+def test_the_resume_hint_is_the_same_command_in_the_same_folder() -> None:
+    """The default job id is made of the folder and the command line: it resumes as it is."""
+    again = "run the same command again, in the same folder, to resume"
+    assert resume_hint(RunOptions(), "/a b/c") == again
+    assert resume_hint(RunOptions(dir="/x"), "/x") == again
+    fresh = resume_hint(RunOptions(fresh=True), "/x")
+    assert fresh == "run the same command again, in the same folder and without --fresh, to resume"
 
 
 @pytest.mark.parametrize(
@@ -149,7 +153,7 @@ def test_what_the_supervisor_says_when_it_forwards_a_stop(
 @pytest.mark.parametrize(
     ("progress", "words"),
     [
-        (P(), "(it reached no safe point after the signal (docs/zero-code.md: loops without one)): killing"),
+        (P(), "(it reached no safe point after the signal (`ferry help zero-code`: loops without one))"),
         (P(None, 4), "no new checkpoint: the last committed checkpoint, step 4, stays"),
         (P(9, None), "(it was still saving the checkpoint of step 9)"),
         (P(9, None), "the job has no committed checkpoint: a new run starts from the beginning"),

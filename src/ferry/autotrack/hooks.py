@@ -133,6 +133,12 @@ def arm() -> None:
         sys.meta_path.insert(0, _AfterImport("torch", _install))
 
 
+def _launcher() -> bool:
+    """Is this process a launcher of the ranks (torchrun's agent), not a rank?"""
+    launchers = ("torch.distributed.run", "torch.distributed.elastic.agent.server")
+    return any(name in sys.modules for name in launchers)
+
+
 def installed() -> bool:
     """Are zero-code mode's torch hooks in place?"""
     return _stepper is not None
@@ -156,6 +162,8 @@ def _at_exit() -> None:
     is answered truthfully (no checkpoint was taken, and why)."""
     api = sys.modules.get("ferry.session.api")  # never imported at exit: torch would load late
     signals = _early_signals
+    if _launcher():
+        return  # torchrun's agent: its ranks train and say what happened, not it
     if signals is None or signals.stop_signal is None:
         why = unarmed_reason()
         if why is not None:  # a run ferry never protected: say so even without a stop

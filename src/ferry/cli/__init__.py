@@ -8,6 +8,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import click
 from click.shell_completion import CompletionItem
@@ -15,60 +16,106 @@ from click.shell_completion import CompletionItem
 from ferry._version import __version__
 from ferry.errors import FerryError
 
-COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("run", "Run COMMAND as a preemptible job: ferry run [OPTIONS] -- COMMAND [ARGS]..."),
-    "inspect": ("inspect", "Show a checkpoint's step, time, size and tensors (URL: a checkpoint or a root)."),
-    "verify": ("inspect", "Check a checkpoint's manifest and checksums; exits non-zero if it is damaged."),
-    "suspend": (
-        "process",
-        "Freeze PID's CUDA state and release its GPU memory (lock, then checkpoint to host memory).",
-    ),
-    "wake": ("process", "Bring PID's GPU memory back (onto other GPUs with --map) and let it continue."),
-    "process-state": (
-        "process",
-        "Show PID's CUDA checkpoint state, the GPUs it holds, and ferry's record of its suspend.",
-    ),
-    "dump": (
-        "process",
-        "Dump PID's whole process tree to DIRECTORY with CRIU (GPU state through its CUDA plugin).",
-    ),
-    "restore": (
-        "process",
-        "Restore a process tree that `ferry dump` wrote to DIRECTORY (under its old PID).",
-    ),
-    "list": (
+
+class Entry(NamedTuple):
+    module: str
+    """The module of ferry.cli that defines the command, in its COMMANDS list."""
+    group: str
+    """The heading it is listed under in ``ferry --help`` (one of GROUPS)."""
+    help: str
+    """The first paragraph of its help: its one-line summary."""
+
+
+GROUPS = {
+    "jobs": "Jobs (started with ferry run; JOB is a job id or a PID)",
+    "checkpoints": "Checkpoints (URL: a checkpoint, or a root of them)",
+    "process": "Process-level (CUDA driver and CRIU; the script does not cooperate)",
+    "tools": "Tools",
+}
+"""The headings of ``ferry --help``, in order."""
+
+COMMANDS: dict[str, Entry] = {
+    "run": Entry("run", "jobs", "Run COMMAND as a preemptible job: ferry run [OPTIONS] -- COMMAND [ARGS]..."),
+    "list": Entry(
+        "jobs",
         "jobs",
         "Ferry jobs, and the GPU processes NVML sees (marking which are ferry jobs). Also: ls, ps.",
     ),
-    "status": ("jobs", "One job in detail: state, step, devices, checkpoint history with save times."),
-    "checkpoint": ("jobs", "Ask JOB (an id or a PID) for a checkpoint at its next safe point."),
-    "stop": ("jobs", "Checkpoint JOB and stop it, once committed (checkpoint --stop --wait)."),
-    "prune": (
-        "prune",
-        "Delete the directories of jobs that ended longer ago than --older-than (never a live one).",
+    "status": Entry(
+        "jobs", "jobs", "One job in detail: state, step, devices, checkpoint history with save times."
     ),
-    "migrate": (
-        "migrate",
-        "Move JOB to other GPUs of this machine: checkpoint, hand over, resume on DEVICES.",
+    "checkpoint": Entry("jobs", "jobs", "Ask JOB (an id or a PID) for a checkpoint at its next safe point."),
+    "stop": Entry("jobs", "jobs", "Checkpoint JOB and stop it, once committed (checkpoint --stop --wait)."),
+    "migrate": Entry(
+        "migrate", "jobs", "Move JOB to other GPUs of this machine: checkpoint, hand over, resume on DEVICES."
     ),
-    "export": (
+    "export": Entry(
         "migrate",
+        "jobs",
         "Checkpoint and stop JOB, leaving a bundle at DEST_URL that `ferry resume` starts again.",
     ),
-    "resume": (
+    "resume": Entry(
         "migrate",
+        "jobs",
         "Start a job from a bundle (ferry export) or a checkpoint URL: ferry resume SOURCE [-- COMMAND].",
     ),
-    "report": (
+    "report": Entry(
         "report",
-        "Draw JOB's training steps over wall time, checkpoints, interruptions and migrations.",
+        "jobs",
+        "Draw JOB's life across its runs: steps over time, checkpoints, stops, resumes, failures, moves.",
     ),
-    "chaos": ("chaos", "Run COMMAND plainly, then under `ferry run` with seeded faults, and compare."),
+    "prune": Entry(
+        "prune",
+        "jobs",
+        "Delete the directories of jobs that ended longer ago than --older-than (never a live one).",
+    ),
+    "inspect": Entry(
+        "inspect", "checkpoints", "Show a checkpoint's step, time, size, tracked objects and tensors."
+    ),
+    "verify": Entry(
+        "inspect",
+        "checkpoints",
+        "Check a checkpoint's manifest and checksums; exits non-zero if it is damaged.",
+    ),
+    "export-weights": Entry(
+        "weights",
+        "checkpoints",
+        "Write a tracked model's state_dict from CHECKPOINT to OUT, as safetensors or a torch file.",
+    ),
+    "suspend": Entry(
+        "process",
+        "process",
+        "Freeze PID's CUDA state and release its GPU memory (lock, then checkpoint to host memory).",
+    ),
+    "wake": Entry(
+        "process", "process", "Bring PID's GPU memory back (onto other GPUs with --map) and let it continue."
+    ),
+    "process-state": Entry(
+        "process",
+        "process",
+        "Show PID's CUDA checkpoint state, the GPUs it holds, and ferry's record of its suspend.",
+    ),
+    "dump": Entry(
+        "process",
+        "process",
+        "Dump PID's whole process tree to DIRECTORY with CRIU (GPU state through its CUDA plugin).",
+    ),
+    "restore": Entry(
+        "process",
+        "process",
+        "Restore a process tree that `ferry dump` wrote to DIRECTORY (under its old PID).",
+    ),
+    "chaos": Entry(
+        "chaos", "tools", "Run COMMAND plainly, then under `ferry run` with seeded faults, and compare."
+    ),
+    "help": Entry(
+        "help", "tools", "Read a page of ferry's documentation (ferry help lists them), or a command's help."
+    ),
 }
-"""Command name -> (the module of ferry.cli that defines it, in its COMMANDS list; the first
-paragraph of its help). Modules are imported only when one of their commands runs, so
-`ferry --help`, completion and `ferry run` do not import torch; a unit test keeps the help
-texts equal to the commands' own."""
+"""Command name -> its entry, in the order ``ferry --help`` lists them within their group.
+Modules are imported only when one of their commands runs, so `ferry --help`, completion
+and `ferry run` do not import torch; a unit test keeps the help texts equal to the
+commands' own."""
 
 
 ALIASES = {"ls": "list", "ps": "list"}
@@ -87,7 +134,7 @@ def wants_json(args: Sequence[str]) -> bool:
 
 def _short_help(name: str, limit: int = 45) -> str:
     """A command's one-line help, shortened as click shortens the command's own."""
-    return click.Command(name, help=COMMANDS[name][1]).get_short_help_str(limit)
+    return click.Command(name, help=COMMANDS[name].help).get_short_help_str(limit)
 
 
 class FerryGroup(click.Group):
@@ -101,15 +148,17 @@ class FerryGroup(click.Group):
         cmd_name = ALIASES.get(cmd_name, cmd_name)
         if cmd_name not in COMMANDS:
             return None
-        module = importlib.import_module(f"ferry.cli.{COMMANDS[cmd_name][0]}")
+        module = importlib.import_module(f"ferry.cli.{COMMANDS[cmd_name].module}")
         return next((c for c in module.COMMANDS if c.name == cmd_name), None)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        """The command list of ``ferry --help``, from the table: no command module imported."""
-        limit = formatter.width - 6 - max(len(name) for name in COMMANDS)
-        rows = [(name, _short_help(name, limit)) for name in self.list_commands(ctx)]
-        with formatter.section("Commands"):
-            formatter.write_dl(rows)
+        """The command list of ``ferry --help``, by group, each with its whole summary,
+        from the table: no command module imported."""
+        width = max(len(name) for name in COMMANDS)  # one column for every group
+        for group, heading in GROUPS.items():
+            rows = [(name.ljust(width), e.help) for name, e in COMMANDS.items() if e.group == group]
+            with formatter.section(heading):
+                formatter.write_dl(rows, col_max=width)
 
     def shell_complete(self, ctx: click.Context, incomplete: str) -> list[CompletionItem]:
         """Command names for shell completion, from the table; options as click gives them."""
@@ -158,7 +207,9 @@ class FerryGroup(click.Group):
             ctx.exit(exc.exit_code)
 
 
-@click.group(cls=FerryGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=FerryGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120}
+)
 @click.version_option(__version__, prog_name="ferry")
 @click.option("-v", "--verbose", is_flag=True, help="Log debug details to stderr.")
 def main(verbose: bool) -> None:

@@ -7,9 +7,29 @@ import signal
 import click
 
 from ferry.chaos import KINDS, ChaosOptions, Soak, summary_json
-from ferry.cli.params import POSITIVE_SECONDS, SECONDS
-from ferry.cli.run import _env_pairs
+from ferry.cli.params import POSITIVE_SECONDS, SECONDS, Checked, Whole
+from ferry.cli.run import ENV_PAIR
+from ferry.errors import ConfigError
 from ferry.knobs import CHAOS_OUTAGE_SECONDS, CHAOS_PAUSE_SECONDS, CHAOS_TIMEOUT_SECONDS
+
+
+def fault_kinds(text: str) -> tuple[str, ...]:
+    """``--kinds``: fault kinds, comma-separated (one named twice is drawn twice as often)."""
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown or not kinds:
+        raise ConfigError(
+            f"unknown fault kind(s) {', '.join(unknown) or '(none)'}; use some of {', '.join(KINDS)}"
+        )
+    return kinds
+
+
+def min_max(ctx: click.Context, param: click.Parameter, value: tuple[float, float]) -> tuple[float, float]:
+    """A MIN MAX pair of durations: MIN above 0, MAX not below it."""
+    low, high = value
+    if not 0 < low <= high:
+        raise click.BadParameter(f"{low:g} {high:g}: MIN must be above 0 and at most MAX", ctx, param)
+    return value
 
 
 @click.command(
@@ -27,11 +47,19 @@ Example:
   ferry chaos --events 500 --compare out/params.txt --steps out/log.txt \\
       -- python train.py --out out
 
-The contract with the command and the fault kinds: docs/chaos.md.""",
+The contract with the command and the fault kinds: `ferry help chaos`.""",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds the faults and pauses.")
-@click.option("--events", type=int, default=30, show_default=True, help="Faults to inject in all.")
-@click.option("--every-steps", type=int, default=5, show_default=True, help="Periodic checkpoint period.")
+@click.option(
+    "--events", type=Whole(0, what="faults"), default=30, show_default=True, help="Faults to inject in all."
+)
+@click.option(
+    "--every-steps",
+    type=Whole(1, what="steps"),
+    default=5,
+    show_default=True,
+    help="Periodic checkpoint period.",
+)
 @click.option(
     "--work", metavar="DIR", default="ferry-chaos", show_default=True, help="Working copies, checkpoints."
 )
@@ -39,6 +67,7 @@ The contract with the command and the fault kinds: docs/chaos.md.""",
 @click.option("--steps", multiple=True, metavar="FILE", help="Per-step log, 'STEP ...' lines (repeatable).")
 @click.option(
     "--kinds",
+    type=Checked("KINDS", fault_kinds),
     default=",".join(KINDS),
     show_default=True,
     help="Comma-separated fault kinds to draw from.",
@@ -47,6 +76,7 @@ The contract with the command and the fault kinds: docs/chaos.md.""",
     "--pause",
     nargs=2,
     type=SECONDS,
+    callback=min_max,
     default=CHAOS_PAUSE_SECONDS,
     show_default=True,
     metavar="MIN MAX",
@@ -56,6 +86,7 @@ The contract with the command and the fault kinds: docs/chaos.md.""",
     "--outage",
     nargs=2,
     type=SECONDS,
+    callback=min_max,
     default=CHAOS_OUTAGE_SECONDS,
     show_default=True,
     metavar="MIN MAX",
@@ -71,9 +102,7 @@ The contract with the command and the fault kinds: docs/chaos.md.""",
 @click.option(
     "--duration", type=POSITIVE_SECONDS, metavar="S", help="Inject faults only during the first S seconds."
 )
-@click.option(
-    "--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="Set a variable for the command."
-)
+@click.option("--env", "env_pairs", type=ENV_PAIR, multiple=True, help="Set a variable for the command.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -85,12 +114,12 @@ def chaos_cmd(
     work: str,
     compare: tuple[str, ...],
     steps: tuple[str, ...],
-    kinds: str,
+    kinds: tuple[str, ...],
     pause: tuple[float, float],
     outage: tuple[float, float],
     timeout: float,
     duration: float | None,
-    env_pairs: tuple[str, ...],
+    env_pairs: tuple[tuple[str, str], ...],
     as_json: bool,
     command: tuple[str, ...],
 ) -> None:
@@ -106,14 +135,14 @@ def chaos_cmd(
         seed=seed,
         events=events,
         every_steps=every_steps,
-        kinds=tuple(k.strip() for k in kinds.split(",") if k.strip()),
+        kinds=kinds,
         compare=compare,
         steps=steps,
         pause=pause,
         outage=outage,
         timeout=timeout,
         duration=duration,
-        env=_env_pairs(env_pairs),
+        env=dict(env_pairs),
     )
     # SIGTERM unwinds like Ctrl-C, so that the soak kills its jobs, unmounts its tmpfs and
     # stops its S3 server.

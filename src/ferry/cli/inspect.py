@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TypedDict
 
@@ -16,6 +17,11 @@ from ferry.storage import Storage
 
 
 def _targets(url: str, newest_only: bool) -> tuple[Storage, list[str]]:
+    if "://" not in url and os.path.exists(url) and not os.path.isdir(url):
+        raise NoCheckpointError(
+            f"{url} is a file, not a checkpoint: give a checkpoint folder (step-...) or a "
+            "checkpoint root (the folder ferry run --dir names)"
+        )
     storage, name = split_url(url)
     if name is not None:
         return storage, [name]
@@ -23,7 +29,10 @@ def _targets(url: str, newest_only: bool) -> tuple[Storage, list[str]]:
     if not names:
         if not storage.exists(""):
             raise NoCheckpointError(f"{url} does not exist: give a checkpoint or a checkpoint root")
-        raise NoCheckpointError(f"no committed checkpoint under {url}")
+        raise NoCheckpointError(
+            f"{url} is no checkpoint, and no checkpoint root: it holds no committed checkpoint "
+            "(step-... with a manifest.json)"
+        )
     return storage, names[-1:] if newest_only else names
 
 
@@ -33,6 +42,14 @@ class TensorRow(TypedDict):
     shape: list[int]
     bytes: int
     device: str
+
+
+class Tracked(TypedDict):
+    name: str
+    """As ``ferry export-weights --model`` and ``ferry.state_dict`` take it."""
+    type: str | None
+    """The object's class, where it was saved through its ``state_dict`` (Sequential, AdamW)."""
+    tensors: int
 
 
 class _Summary(TypedDict):
@@ -45,6 +62,7 @@ class _Summary(TypedDict):
     torch_version: str
     ferry_version: str
     meta: dict[str, object]
+    objects: list[Tracked]
 
 
 class Summary(_Summary, total=False):
@@ -69,7 +87,29 @@ def _summary(storage: Storage, name: str, manifest: Manifest) -> Summary:
         "torch_version": manifest["torch_version"],
         "ferry_version": manifest["ferry_version"],
         "meta": manifest["meta"],
+        "objects": _tracked(manifest),
     }
+
+
+def _tracked(manifest: Manifest) -> list[Tracked]:
+    """The tracked objects of the checkpoint (a session's, or the top level of ``ferry.save``'s
+    tree), with their class and how many tensors each holds."""
+    tree: object = manifest["tree"]
+    session = isinstance(tree, dict) and isinstance(tree.get("objects"), dict) and "ferry" in tree
+    objects = tree.get("objects") if session and isinstance(tree, dict) else tree
+    if not isinstance(objects, dict):
+        return []
+    prefix = "objects." if session else ""
+    names = [r["name"] for r in _tensor_rows(manifest)]
+    out: list[Tracked] = []
+    for name, node in objects.items():
+        if name.startswith("__"):  # an encoding tag of the tree, not an object
+            continue
+        kind = node.get("__stateful__") if isinstance(node, dict) else None
+        inside = f"{prefix}{name}"
+        count = sum(n == inside or n.startswith((f"{inside}.", f"{inside}[")) for n in names)
+        out.append({"name": name, "type": kind if isinstance(kind, str) else None, "tensors": count})
+    return out
 
 
 def _tensor_rows(manifest: Manifest) -> list[TensorRow]:
@@ -111,7 +151,12 @@ def _tensor_rows(manifest: Manifest) -> list[TensorRow]:
 @click.option("--tensors", is_flag=True, help="List every tensor.")
 @json_option
 def inspect_cmd(url: str, show_all: bool, tensors: bool, as_json: bool) -> None:
-    """Show a checkpoint's step, time, size and tensors (URL: a checkpoint or a root)."""
+    """Show a checkpoint's step, time, size, tracked objects and tensors.
+
+    URL is a checkpoint, or a checkpoint root (its newest checkpoint; --all: every one).
+    The tracked objects are named as `ferry export-weights --model` and `ferry.state_dict`
+    take them.
+    """
     storage, names = _targets(url, newest_only=not show_all)
     docs: list[Summary] = []
     created: list[float] = []  # epoch seconds: an age from the ISO text would need its zone
@@ -132,6 +177,14 @@ def inspect_cmd(url: str, show_all: bool, tensors: bool, as_json: bool) -> None:
             f"{doc['tensors']} tensors, saved {doc['created']} ({ago(now - saved)}), "
             f"world size {doc['world_size']}, torch {doc['torch_version']}"
         )
+        if doc["objects"]:
+            click.echo(
+                "  tracked: "
+                + ", ".join(
+                    f"{o['name']} ({o['type'] + ', ' if o['type'] else ''}{o['tensors']} tensors)"
+                    for o in doc["objects"]
+                )
+            )
         if "tensor_list" in doc:
             rows = [
                 (

@@ -15,11 +15,11 @@ from typing import TypedDict
 import click
 
 from ferry.cli.complete import complete_job
-from ferry.cli.output import clock, emit_json, human_bytes, json_option, table
-from ferry.cli.params import check_timeout
+from ferry.cli.output import clip, clock, emit_json, human_bytes, json_option, table
+from ferry.cli.params import POSITIVE_SECONDS
 from ferry.errors import ConfigError, FerryError, JobError
 from ferry.knobs import CHECKPOINT_EXIT_CODE, REQUEST_TIMEOUT_SECONDS
-from ferry.ops.jobs import JobRecord, find_job, list_jobs, process_name
+from ferry.ops.jobs import JobRecord, JobSummary, find_job, job_nodes, list_jobs, process_name
 from ferry.ops.requests import save_in_flight, send, wait_answer
 from ferry.process import nvml
 from ferry.progress import meter_for
@@ -31,7 +31,7 @@ Exit status:
   8  the job cannot be found, reached or controlled: unknown, not running,
      another user's, or it failed, refused or did not answer the request
      in --timeout
-Every exit code: docs/cli.md."""
+Every exit code: `ferry help cli`."""
 
 
 def _age(seconds: float | None) -> str:
@@ -108,14 +108,50 @@ def gpu_processes(job_pids: dict[int, str]) -> tuple[list[GpuProcess], str | Non
     return rows, None
 
 
+COMMAND_WIDTH = 50
+"""Characters of a job's command line in ``ferry list`` (``-o wide``: all of them)."""
+
+
+def _job_rows(jobs: list[JobSummary], wide: bool) -> str:
+    headers = ["JOB", "HOST", "PID", "STATE", "START", "STEP", "DEVICES", "CKPT", "AGE", "COMMAND"]
+    rows = []
+    for j in jobs:
+        command = shlex.join(j["command"])
+        row = [
+            j["id"] if j["node"] is None else f"{j['id']} ({j['node']} of {j['nodes']})",
+            j["host"] or "-",
+            j["pid"] or "-",
+            j["state"],
+            clock(j["started"]),
+            j["step"] if j["step"] is not None else "-",
+            j["devices"] or ("-" if not j["alive"] else "(all)"),
+            j["last_checkpoint_step"] if j["last_checkpoint_step"] is not None else "-",
+            _age(j["last_checkpoint_age"]),
+            command if wide else clip(command, COMMAND_WIDTH),
+        ]
+        if wide:
+            row.insert(-1, j["checkpoint_dir"] or "-")
+        rows.append(row)
+    if wide:
+        headers.insert(-1, "CHECKPOINTS")
+    return table(headers, rows)
+
+
 @click.command("list", epilog=EPILOG)
 @click.option("--all", "show_all", is_flag=True, help="Also jobs that ended.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["wide"]),
+    help="wide: the whole command line, and each job's checkpoint root.",
+)
 @json_option
-def list_cmd(show_all: bool, as_json: bool) -> None:
+def list_cmd(show_all: bool, output: str | None, as_json: bool) -> None:
     """Ferry jobs, and the GPU processes NVML sees (marking which are ferry jobs). Also: ls, ps.
 
     Jobs are sorted by id, numbers by value (job2 before job10). START is when the job's
-    current run started, AGE the age of its last checkpoint.
+    current run started, AGE the age of its last checkpoint. A command line longer than
+    50 characters ends in an ellipsis; -o wide shows it whole, with the checkpoint root.
     """
     records = [r for r in list_jobs() if show_all or r.alive]
     jobs = [r.summary() for r in records]
@@ -125,24 +161,7 @@ def list_cmd(show_all: bool, as_json: bool) -> None:
         emit_json({"jobs": jobs, "gpu_processes": procs, "gpu_unavailable": why})
         return
     if jobs:
-        rows = [
-            [
-                j["id"],
-                j["host"] or "-",
-                j["pid"] or "-",
-                j["state"],
-                clock(j["started"]),
-                j["step"] if j["step"] is not None else "-",
-                j["devices"] or ("-" if not j["alive"] else "(all)"),
-                j["last_checkpoint_step"] if j["last_checkpoint_step"] is not None else "-",
-                _age(j["last_checkpoint_age"]),
-                shlex.join(j["command"])[:50],
-            ]
-            for j in jobs
-        ]
-        click.echo(
-            table(["JOB", "HOST", "PID", "STATE", "START", "STEP", "DEVICES", "CKPT", "AGE", "COMMAND"], rows)
-        )
+        click.echo(_job_rows(jobs, output == "wide"))
     else:
         click.echo("no running ferry jobs" + ("" if show_all else " (--all shows ended ones)"))
     click.echo("")
@@ -174,15 +193,25 @@ def status_cmd(job: str, as_json: bool) -> None:
     s = record.summary()
     history = record.status.get("checkpoints", [])
     saving = save_in_flight(record)
+    nodes = job_nodes(record)
     if as_json:
-        emit_json({**s, "status": record.status, "identity": record.identity, "saving": saving})
+        emit_json(
+            {**s, "status": record.status, "identity": record.identity, "saving": saving, "job_nodes": nodes}
+        )
         return
-    click.echo(f"job {s['id']}: {s['state']} at step {s['step']}  (job directory {s['job_dir']})")
+    node = "" if s["node"] is None else f" on {s['nodes']} nodes (this is {s['node']})"
+    click.echo(f"job {s['id']}{node}: {s['state']} at step {s['step']}  (job directory {s['job_dir']})")
     click.echo(f"  command      {shlex.join(s['command'])}")
     click.echo(f"  host         {s['host'] or '-'}   started {clock(s['started'])}")
     click.echo(f"  worker pid   {s['pid']}   supervisor pid {s['supervisor_pid'] or '-'}")
     click.echo(f"  devices      {s['devices'] or ('-' if not s['alive'] else '(all visible)')}")
     click.echo(f"  checkpoints  {s['checkpoint_dir']}")
+    for n in nodes:
+        here = "  (this one)" if n["job_dir"] == record.dir.path else ""
+        click.echo(
+            f"  {n['node']:<12} {n['host'] or '?'}: {n['state'] or ('alive' if n['alive'] else 'gone')}, "
+            f"supervisor pid {n['supervisor_pid'] or '-'}{here}"
+        )
     error = record.status.get("error")
     if error:
         click.echo(f"  error        {error}")
@@ -228,7 +257,7 @@ def _targets(job: str | None, all_jobs: bool) -> list[JobRecord]:
 )
 @click.option(
     "--timeout",
-    type=float,
+    type=POSITIVE_SECONDS,
     default=REQUEST_TIMEOUT_SECONDS,
     show_default=True,
     metavar="S",
@@ -246,7 +275,7 @@ def checkpoint_cmd(
 @click.argument("job", shell_complete=complete_job)
 @click.option(
     "--timeout",
-    type=float,
+    type=POSITIVE_SECONDS,
     default=REQUEST_TIMEOUT_SECONDS,
     show_default=True,
     metavar="S",
@@ -261,7 +290,6 @@ def stop_cmd(job: str, timeout: float, as_json: bool) -> None:
 def _checkpoint(
     job: str | None, *, all_jobs: bool, stop: bool, wait: bool, timeout: float, as_json: bool
 ) -> None:
-    check_timeout(timeout)
     records = _targets(job, all_jobs)
     action = "stop" if stop else "checkpoint"
     sent: list[tuple[JobRecord, str]] = []

@@ -1,6 +1,6 @@
 """``ferry migrate``, ``ferry export`` and ``ferry resume``: move a job to other devices in
 place, or out of this machine as a bundle, and start it again from a bundle or checkpoint.
-Exit codes: docs/cli.md."""
+Exit codes: `ferry help cli`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import click
 from ferry.cli.complete import complete_job
 from ferry.cli.jobs import EPILOG
 from ferry.cli.output import emit_json, json_option
-from ferry.cli.params import POSITIVE_SECONDS, SECONDS, check_timeout
+from ferry.cli.params import GRACE, POSITIVE_SECONDS, Checked, Whole, check_timeout
+from ferry.cli.run import JOB_ID, ROOT
 from ferry.errors import ConfigError
 from ferry.knobs import GRACE_SECONDS, REQUEST_TIMEOUT_SECONDS
 from ferry.ops import bundle as bundles
@@ -20,9 +21,14 @@ from ferry.ops import migrate as ops
 from ferry.ops.jobs import find_job
 from ferry.ops.warmresume import BundleGate
 from ferry.progress import Progress, meter_for
+from ferry.runtime.finished import clear_finished
 from ferry.runtime.identity import default_job_id
 from ferry.supervisor import RunOptions, Supervisor
-from ferry.supervisor.options import check_command
+from ferry.supervisor.options import MAX_RESTARTS, check_command
+
+DEVICES = Checked("DEVICES", lambda text: ",".join(devices.parse(text)))
+"""A device list as CUDA_VISIBLE_DEVICES takes it, checked for its form here (whether the
+devices exist is the command's check, where NVML can tell)."""
 
 
 def _progress(as_json: bool) -> Progress:
@@ -47,8 +53,8 @@ timeout_option = click.option(
 @click.option(
     "--to",
     "target",
+    type=DEVICES,
     required=True,
-    metavar="DEVICES",
     help="The target CUDA_VISIBLE_DEVICES: GPU indices or UUIDs, comma-separated.",
 )
 @click.option(
@@ -135,19 +141,23 @@ def export_cmd(job: str, dest_url: str, timeout: float, as_json: bool) -> None:
 
 @click.command("resume")
 @click.argument("source")
-@click.option("--gpus", metavar="DEVICES", help="CUDA_VISIBLE_DEVICES for the job (default: the bundle's).")
-@click.option("--job-id", metavar="ID", help="The new job's id.  [default: HOST-PID]")
+@click.option("--gpus", type=DEVICES, help="CUDA_VISIBLE_DEVICES for the job (default: the bundle's).")
+@click.option("--job-id", type=JOB_ID, help="The new job's id.  [default: HOST-PID]")
 @click.option(
     "--dir",
     "checkpoint_dir",
-    metavar="URL",
+    type=ROOT,
     help="Checkpoint root of the new job; the checkpoint is copied there. [default: ./ferry-checkpoints/ID]",
 )
 @click.option(
-    "--restarts", type=int, default=0, show_default=True, help="In-place restarts allowed (migrate)."
+    "--restarts",
+    type=Whole(0, MAX_RESTARTS),
+    default=0,
+    show_default=True,
+    help="In-place restarts allowed (migrate).",
 )
 @click.option(
-    "--grace", type=SECONDS, default=GRACE_SECONDS, show_default=True, metavar="S", help="As for ferry run."
+    "--grace", type=GRACE, default=GRACE_SECONDS, show_default=True, metavar="S", help="As for ferry run."
 )
 @click.option(
     "--warm",
@@ -265,6 +275,7 @@ def _resume_warm(
         grace_seconds=None if grace == 0 else grace,
         resume_command=again,
     )
+    clear_finished(target)  # started again on purpose: an older run's end does not stand
     gate = BundleGate(source, target, command, progress)
     code = Supervisor(command, options, gate=gate).run()
     if as_json:

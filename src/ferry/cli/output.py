@@ -23,6 +23,12 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def clip(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, its end marked with an ellipsis (``...``, which
+    every terminal's encoding has) when it was cut."""
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":

@@ -12,11 +12,15 @@ from typing import Any
 import click
 
 from ferry.cli.output import emit_json, human_bytes, json_option, table
+from ferry.cli.params import Seconds, Whole, checked
 from ferry.knobs import SUSPEND_LOCK_SECONDS
 from ferry.process import criu, nvml
 from ferry.process.cuda import CudaProcess, Outcome, check_pid, load_record, require_alive
 from ferry.process.driver import ProcessState
-from ferry.process.uuids import parse_mapping_items
+from ferry.process.uuids import GpuMapping, parse_mapping_items
+
+PID = Whole(1, 2**22, what="")
+"""A process id: Linux's pid_max is at most 2**22."""
 
 
 def _warn(messages: list[str]) -> None:
@@ -48,10 +52,10 @@ def _print_outcome(out: Outcome, as_json: bool) -> None:
 
 
 @click.command("suspend")
-@click.argument("pid", type=int)
+@click.argument("pid", type=PID)
 @click.option(
     "--timeout",
-    type=float,
+    type=Seconds(zero="0: no limit"),
     default=SUSPEND_LOCK_SECONDS,
     show_default=True,
     help="Seconds to wait for the lock (in-flight GPU work to finish); 0: no limit.",
@@ -64,25 +68,26 @@ def suspend_cmd(pid: int, timeout: float, as_json: bool) -> None:
 
 
 @click.command("wake")
-@click.argument("pid", type=int)
+@click.argument("pid", type=PID)
 @click.option(
     "--map",
     "maps",
     multiple=True,
+    callback=checked(parse_mapping_items),
     metavar="OLD=NEW",
     help="Restore onto another GPU: old and new GPU UUIDs (GPU-..., see `nvidia-smi -L`); "
     "repeat, or comma-separate, to cover every GPU the process used.",
 )
 @json_option
-def wake_cmd(pid: int, maps: tuple[str, ...], as_json: bool) -> None:
+def wake_cmd(pid: int, maps: GpuMapping, as_json: bool) -> None:
     """Bring PID's GPU memory back (onto other GPUs with --map) and let it continue."""
-    mapping = parse_mapping_items(maps)
+    mapping = maps
     out = CudaProcess(check_pid(pid)).wake(mapping or None)
     _print_outcome(out, as_json)
 
 
 @click.command("process-state")
-@click.argument("pid", type=int)
+@click.argument("pid", type=PID)
 @json_option
 def process_state_cmd(pid: int, as_json: bool) -> None:
     """Show PID's CUDA checkpoint state, the GPUs it holds, and ferry's record of its suspend."""
@@ -121,7 +126,7 @@ def process_state_cmd(pid: int, as_json: bool) -> None:
 
 
 @click.command("dump")
-@click.argument("pid", type=int)
+@click.argument("pid", type=PID)
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--leave-running", is_flag=True, help="Keep the process running after the dump.")
 @json_option

@@ -8,8 +8,15 @@ import time
 import click
 
 from ferry.cli.output import ago, emit_json, json_option
+from ferry.cli.params import checked
 from ferry.ops.jobs import list_jobs
 from ferry.ops.prune import candidate, parse_age, prune_job, select
+
+
+def _age(text: str) -> str:
+    """``--older-than``: checked here, kept as typed for the messages."""
+    parse_age(text)
+    return text
 
 
 @click.command(
@@ -22,6 +29,7 @@ Exit status:
 @click.option(
     "--older-than",
     "older_than",
+    callback=checked(_age),
     default="7d",
     show_default=True,
     metavar="AGE",

@@ -8,7 +8,7 @@ import click
 
 from ferry.cli.output import emit_json, json_option
 from ferry.ops import figure, report
-from ferry.ops.jobs import find_job
+from ferry.ops.jobs import find_job, list_jobs
 
 
 @click.command("report")
@@ -21,20 +21,25 @@ from ferry.ops.jobs import find_job
 )
 @json_option
 def report_cmd(job: str, output: str | None, as_json: bool) -> None:
-    """Draw JOB's training steps over wall time, checkpoints, interruptions and migrations.
+    """Draw JOB's life across its runs: steps over time, checkpoints, stops, resumes, failures, moves.
 
-    Needs matplotlib: pip install 'gpuferry[report]'."""
+    Every run of the job is on one time axis: each `ferry run` that wrote JOB's checkpoint
+    root, whatever its job id. Needs matplotlib: pip install 'gpuferry[report]'."""
     record = find_job(job)
-    timeline = report.build(record.id, record.dir.events(), record.status, exists=report.checkpoint_exists)
+    runs = report.lineage(record, list_jobs())
+    events, status = report.merged(runs)
+    timeline = report.build(record.id, events, status, exists=report.checkpoint_exists)
     drawing = figure.draw(timeline)
     page = output or f"ferry-report-{record.id}.html"
     image = os.path.splitext(page)[0] + ".png"
     with open(page, "w") as f:
-        f.write(report.page(timeline, record.status, figure.svg(drawing)))
+        f.write(report.page(timeline, status, figure.svg(drawing)))
     with open(image, "wb") as f:
         f.write(figure.png(drawing))
     summary = {
         "job": record.id,
+        "job_ids": [r.id for r in runs],
+        "runs": timeline.runs,
         "html": os.path.abspath(page),
         "png": os.path.abspath(image),
         "checkpoints": len(timeline.checkpoints),

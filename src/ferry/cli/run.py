@@ -8,7 +8,7 @@ import click
 
 from ferry.cli.events import events_on_stdout
 from ferry.cli.output import json_option
-from ferry.cli.params import POSITIVE_SECONDS, SECONDS
+from ferry.cli.params import GRACE, POSITIVE_SECONDS, SECONDS, Checked, Whole
 from ferry.errors import ConfigError
 from ferry.knobs import (
     BACKOFF_CAP_SECONDS,
@@ -19,22 +19,39 @@ from ferry.knobs import (
 )
 from ferry.runtime.jobdir import jobs_root
 from ferry.supervisor import RunOptions, Supervisor
-from ferry.supervisor.options import SUPERVISOR_OWNED
+from ferry.supervisor.options import MAX_RESTARTS, SUPERVISOR_OWNED, check_job_id, check_root
 
 
-def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
-    env = {}
-    for pair in pairs:
-        key, eq, value = pair.partition("=")
-        if not eq:
-            raise ConfigError(f"--env {pair!r} is not NAME=VALUE")
-        if key in SUPERVISOR_OWNED:
-            raise ConfigError(
-                f"--env {key}=... would be overridden by ferry run, which sets it for the "
-                f"worker; use {SUPERVISOR_OWNED[key]} instead"
-            )
-        env[key] = value
-    return env
+def env_pair(pair: str) -> tuple[str, str]:
+    """``--env NAME=VALUE``: ConfigError for what is no pair, or a variable ferry run sets."""
+    key, eq, value = pair.partition("=")
+    if not eq or not key:
+        raise ConfigError(f"{pair!r} is not NAME=VALUE")
+    if key in SUPERVISOR_OWNED:
+        raise ConfigError(
+            f"{key} would be overridden by ferry run, which sets it for the worker; use "
+            f"{SUPERVISOR_OWNED[key]} instead"
+        )
+    return key, value
+
+
+def exit_code(text: str) -> int:
+    """``--exit-code``: a status the supervisor can tell from "finished" and "failed"."""
+    try:
+        code = int(text, 10)
+    except ValueError:
+        raise ConfigError(f"{text!r} is not a whole number") from None
+    if not 0 < code < 256 or code == FAILURE_EXIT_CODE:
+        raise ConfigError(
+            f"{code}: must be from 1 to 255 and not {FAILURE_EXIT_CODE} (a stop whose checkpoint "
+            "failed): 0 reads as finished, and statuses above 255 wrap around"
+        )
+    return code
+
+
+ENV_PAIR = Checked("NAME=VALUE", env_pair)
+ROOT = Checked("URL", check_root)
+JOB_ID = Checked("ID", check_job_id)
 
 
 @click.command(
@@ -49,9 +66,9 @@ def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
     """,
     epilog=f"""\b
 Exit status:
-  0      the command finished
+  0      the command finished (or had finished before: nothing to do)
   {CHECKPOINT_EXIT_CODE}     checkpointed and stopped (a stop signal or request): run the
-         same command again, with the same --dir or --job-id, to resume
+         same command again, in the same folder, to resume
   {FAILURE_EXIT_CODE}     a stop was requested but its checkpoint could not be committed
   2      usage error: no command, a command that cannot run, a bad option
   8      the job is already running (its lock is held)
@@ -63,33 +80,50 @@ Examples:
   ferry run --job-id exp1 --every-seconds 600 --max-failures 3 -- torchrun --nproc-per-node 4 train.py
 
 With --json, stdout carries the job's events, one JSON object a line (run_start,
-worker_start, checkpoint, stop, worker_exit, restart, run_end, ...: docs/cli.md), and
-the command's own stdout goes to stderr.
+worker_start, checkpoint, stop, worker_exit, restart, run_end, ...: `ferry help cli`),
+and the command's own stdout goes to stderr.
 
-The job directory layout and the restart rules: docs/jobs.md.""",
+The job's identity, its directory and the restart rules: `ferry help jobs`.""",
 )
 @click.option(
     "--dir",
     "checkpoint_dir",
-    metavar="URL",
+    type=ROOT,
     envvar="FERRY_DIR",
     show_envvar=True,
     help="Checkpoint root, a path or an fsspec URL (s3://, root://).  [default: ./ferry-checkpoints/JOB_ID]",
 )
-@click.option("--job-id", metavar="ID", help="The job's id; names its job directory.  [default: HOST-PID]")
-@click.option("--every-steps", type=int, metavar="N", help="Also checkpoint every N training steps.")
+@click.option(
+    "--job-id",
+    type=JOB_ID,
+    help="The job's id; names its job directory.  [default: the scheduler's job id, else NAME-HASH "
+    "of the working directory and the command line: the same command run here again resumes]",
+)
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="Start over: delete the job's checkpoints (and its record that it finished) instead of resuming.",
+)
+@click.option(
+    "--every-steps", type=Whole(1, what="steps"), metavar="N", help="Also checkpoint every N training steps."
+)
 @click.option("--every-seconds", type=POSITIVE_SECONDS, metavar="S", help="Also checkpoint every S seconds.")
-@click.option("--keep-last", type=int, metavar="N", help="Committed checkpoints to keep.  [default: 3]")
+@click.option(
+    "--keep-last",
+    type=Whole(1, what="checkpoints"),
+    metavar="N",
+    help="Committed checkpoints to keep.  [default: 3]",
+)
 @click.option(
     "--exit-code",
-    type=int,
+    type=Checked("CODE", exit_code),
     default=CHECKPOINT_EXIT_CODE,
     show_default=True,
     help='The "checkpointed, resume me" exit status, of the worker and of ferry run.',
 )
 @click.option(
     "--grace",
-    type=SECONDS,
+    type=GRACE,
     default=GRACE_SECONDS,
     show_default=True,
     metavar="S",
@@ -97,14 +131,14 @@ The job directory layout and the restart rules: docs/jobs.md.""",
 )
 @click.option(
     "--restarts",
-    type=int,
+    type=Whole(0, MAX_RESTARTS),
     default=0,
     show_default=True,
     help="In-place restarts allowed (a `restart` control request, e.g. to change CUDA_VISIBLE_DEVICES).",
 )
 @click.option(
     "--max-failures",
-    type=int,
+    type=Whole(0, MAX_RESTARTS),
     default=0,
     show_default=True,
     help="Restart a crashed command from its last checkpoint up to this many times.",
@@ -117,9 +151,7 @@ The job directory layout and the restart rules: docs/jobs.md.""",
     metavar="S",
     help=f"Wait before the n-th restart after a failure: S * 2**(n-1), at most {BACKOFF_CAP_SECONDS:g} s.",
 )
-@click.option(
-    "--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="Set a variable for the command."
-)
+@click.option("--env", "env_pairs", type=ENV_PAIR, multiple=True, help="Set a variable for the command.")
 @click.option(
     "--allow-changed-inputs",
     is_flag=True,
@@ -149,6 +181,7 @@ def run_cmd(
     ctx: click.Context,
     checkpoint_dir: str | None,
     job_id: str | None,
+    fresh: bool,
     every_steps: int | None,
     every_seconds: float | None,
     keep_last: int | None,
@@ -157,7 +190,7 @@ def run_cmd(
     restarts: int,
     max_failures: int,
     backoff: float,
-    env_pairs: tuple[str, ...],
+    env_pairs: tuple[tuple[str, str], ...],
     allow_changed_inputs: bool,
     overlap_snapshot: bool,
     no_autotrack: bool,
@@ -168,6 +201,7 @@ def run_cmd(
     options = RunOptions(
         dir=checkpoint_dir,
         job_id=job_id,
+        fresh=fresh,
         every_steps=every_steps,
         every_seconds=every_seconds,
         keep_last=keep_last,
@@ -179,7 +213,7 @@ def run_cmd(
         autotrack=not no_autotrack,
         allow_changed_inputs=allow_changed_inputs,
         overlap_snapshot=overlap_snapshot,
-        env=_env_pairs(env_pairs),
+        env=dict(env_pairs),
     )
     supervisor = Supervisor(command, options)
     if not as_json:

@@ -23,6 +23,7 @@ from ferry.ops import devices
 from ferry.ops.jobs import JobRecord, command_of, process_env
 from ferry.ops.requests import send, wait_answer
 from ferry.progress import Meter, Progress
+from ferry.runtime.finished import clear_finished
 from ferry.storage import FileRecord, Storage, Transaction, open_storage
 from ferry.storage.atomic import MANIFEST
 from ferry.supervisor.options import SUPERVISOR_OWNED, check_command
@@ -257,7 +258,10 @@ def prepare_resume(
             )
     if not command:
         raise ConfigError(f"the bundle at {source} records no command: give it after --")
-    check_command(command, env.get("PATH", os.environ.get("PATH")))
+    if cwd is not None and not os.path.isdir(cwd):
+        progress(f"warning: the job's working directory {cwd} does not exist here; using {os.getcwd()}")
+        cwd = None
+    check_command(command, env.get("PATH", os.environ.get("PATH")), cwd)  # where it will run
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"], warning = devices.check(gpus)
         if warning:
@@ -268,9 +272,7 @@ def prepare_resume(
     same_root = ckpt.rstrip("/") == dest_dir.rstrip("/")
     if not same_root and (name is None or name not in existing):
         copy_checkpoint(ckpt, dest, progress, meter)
-    if cwd is not None and not os.path.isdir(cwd):
-        progress(f"warning: the job's working directory {cwd} does not exist here; using {os.getcwd()}")
-        cwd = None
+    clear_finished(dest_dir)  # started again on purpose: an older run's end does not stand
     return command, env, cwd, autotrack
 
 

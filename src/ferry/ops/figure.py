@@ -85,6 +85,7 @@ def draw(tl: Timeline) -> Figure:
                 mfc=COLORS[kind] if not c["deleted"] else "none", label=label(name, seen))  # fmt: skip
     styles: dict[str, dict[str, Any]] = {
         "stop": {"ls": "--", "name": "stop (checkpointed)"},
+        "resume": {"ls": ":", "name": "resume (the job run again)"},
         "failure": {"ls": "-", "name": "failure"},
         "migration": {"ls": "-.", "name": "migration (restarted in place)"},
     }

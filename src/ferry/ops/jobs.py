@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import time
 from dataclasses import dataclass
 from typing import TypedDict
 
 from ferry.errors import ConfigError, JobError
-from ferry.runtime.jobdir import JobDir, jobs_root
+from ferry.runtime.jobdir import NODE_SEPARATOR, JobDir, jobs_root
 from ferry.runtime.jobfiles import Identity, Status
+from ferry.runtime.rootlock import nodes as root_nodes
 
 BUSY_STATES = ("checkpointing",)
 """A save is in flight: requests queue behind it (``requests.send``); ``ferry list`` shows it."""
@@ -64,10 +66,27 @@ def process_name(pid: int) -> str:
         return "?"
 
 
+class NodeSummary(TypedDict):
+    """One node of a job on many nodes, as any of its nodes sees it."""
+
+    node: str
+    host: str | None
+    alive: bool
+    supervisor_pid: int | None
+    job_dir: str | None
+    """That node's job directory (on that node's FERRY_HOME)."""
+    state: str | None
+    """Its state, where its job directory is under this FERRY_HOME; None otherwise."""
+
+
 class JobSummary(TypedDict):
     """One job as ``ferry list`` and ``ferry status`` show it (``--json`` too)."""
 
     id: str
+    node: str | None
+    """A job on many nodes: the node this record is (its job directory ``<id>@<node>``)."""
+    nodes: int | None
+    """A job on many nodes: how many."""
     pid: int | None
     supervisor_pid: int | None
     alive: bool
@@ -177,6 +196,8 @@ class JobRecord:
         last = self.status.get("last_checkpoint")
         return {
             "id": self.id,
+            "node": self.identity.get("node"),
+            "nodes": self.identity.get("nodes"),
             "pid": self.worker_pid,
             "supervisor_pid": self.identity.get("supervisor_pid"),
             "alive": self.alive,
@@ -194,6 +215,57 @@ class JobRecord:
             "last_checkpoint_age": time.time() - last["time"] if last else None,
             "started": self.status.get("started") or self.identity.get("created"),
         }
+
+
+def job_nodes(record: JobRecord) -> list[NodeSummary]:
+    """The nodes of a job on many nodes (empty for a job on one): those that hold its local
+    checkpoint root (each node's lock there says who and where it is), and those whose job
+    directories are under this FERRY_HOME (a home the nodes share), by node name."""
+    if record.identity.get("node") is None:
+        return []
+    found: dict[str, NodeSummary] = {}
+    root = record.identity.get("checkpoint_dir")
+    for doc in root_nodes(root) if root else []:
+        if doc.get("job") != record.id or not isinstance(doc.get("node"), str):
+            continue
+        pid, job_dir = doc.get("supervisor_pid"), doc.get("job_dir")
+        found[doc["node"]] = {
+            "node": doc["node"],
+            "host": doc.get("host") if isinstance(doc.get("host"), str) else None,
+            "alive": bool(doc.get("alive")),
+            "supervisor_pid": pid if isinstance(pid, int) else None,
+            "job_dir": job_dir if isinstance(job_dir, str) else None,
+            "state": None,
+        }
+    for peer in node_records(record.id):
+        node = peer.identity.get("node") or "?"
+        if node in found and found[node]["job_dir"] not in (None, peer.dir.path):
+            continue  # that node's lock in the root names another folder (another home)
+        found[node] = {
+            "node": node,
+            "host": peer.identity.get("host"),
+            "alive": peer.alive,
+            "supervisor_pid": peer.identity.get("supervisor_pid"),
+            "job_dir": peer.dir.path,
+            "state": peer.state,
+        }
+    return [found[k] for k in sorted(found, key=natural_key)]
+
+
+def node_records(job_id: str) -> list[JobRecord]:
+    """The job directories of job ``job_id``'s nodes under this FERRY_HOME (``<id>@<node>``)."""
+    prefix = job_id + NODE_SEPARATOR
+    out = []
+    for name in job_ids():
+        if not name.startswith(prefix):
+            continue
+        try:
+            record = JobRecord.load(os.path.join(jobs_root(), name))
+        except (JobError, PermissionError):
+            continue
+        if record.id == job_id and record.identity.get("node") is not None:
+            out.append(record)
+    return out
 
 
 def command_of(record: JobRecord) -> list[str]:
@@ -239,7 +311,7 @@ def not_a_job_message(pid: int) -> str:
         f"pid {pid} ({process_name(pid)[:60]}) is not a ferry job: it was not started under "
         "`ferry run` and runs no ferry session, so ferry cannot ask it for a framework-level "
         "checkpoint, migrate or export it. For a CUDA process, `ferry suspend PID` / `ferry wake "
-        "PID --map ...` checkpoint its GPU state at the process level (docs/process.md); to make "
+        "PID --map ...` checkpoint its GPU state at the process level (`ferry help process`); to make "
         "it a ferry job, restart it as `ferry run -- COMMAND`"
     )
 
@@ -265,6 +337,16 @@ def find_job(spec: str) -> JobRecord:
             raise JobError(f"job {spec} belongs to another user: only its own user may control it") from exc
     if os.path.isdir(path) and not os.access(path, os.R_OK | os.X_OK):
         raise JobError(f"job {spec} belongs to another user: only its own user may control it")
+    nodes = node_records(spec)
+    if nodes:  # a job on many nodes: any live node's supervisor takes a request for the whole job
+        return max(
+            nodes,
+            key=lambda r: (
+                r.alive,
+                r.identity.get("host") == socket.gethostname(),
+                r.status.get("updated", 0),
+            ),
+        )
     if spec.isdigit():
         pid = int(spec)
         matches = [r for r in list_jobs() if pid in r.pids]

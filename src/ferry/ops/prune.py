@@ -9,6 +9,7 @@ is left alone: nobody recorded how it ended, and its checkpoints may be the only
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from ferry.engine.catalog import apply_retention, list_checkpoints
 from ferry.errors import ConfigError
 from ferry.ops.jobs import DONE_STATES, JobRecord
+from ferry.runtime.finished import clear_finished
 from ferry.storage import open_storage
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -29,9 +31,11 @@ def parse_age(text: str) -> float:
     try:
         value = float(number)
     except ValueError:
-        raise ConfigError(f"--older-than {text!r} is not an age: give e.g. 30d, 12h, 90m or 45s") from None
+        value = math.nan
+    if not math.isfinite(value):
+        raise ConfigError(f"{text!r} is not an age: give e.g. 30d, 12h, 90m or 45s")
     if value < 0:
-        raise ConfigError(f"--older-than {text!r} is negative")
+        raise ConfigError(f"{text!r} is negative: give an age, e.g. 30d, 12h, 90m or 45s")
     return value * _UNITS[unit]
 
 
@@ -98,6 +102,7 @@ def _remove_checkpoints(url: str, dry_run: bool) -> list[str]:
     if dry_run:
         return names
     apply_retention(storage, 0)  # keep none: every checkpoint, and staging left by a crash
+    clear_finished(url)  # the record that its job finished goes with them
     if "://" not in url:
         with contextlib.suppress(OSError):
             os.rmdir(url)  # only when empty

@@ -1,6 +1,9 @@
 """A job's life as data: training steps over wall time, each worker's start-up, checkpoints
-and their durations, stops, failures, migrations and the work lost to failures.
+and their durations, stops, resumes, failures, migrations and the work lost to failures.
 
+A job is followed across its runs: every run that wrote the same checkpoint root is the
+same lineage (``lineage``), whatever its job id (an older ``HOST-PID`` one, another
+``--job-id``), so that a job stopped and run again is one report on one time axis.
 The data comes from ``events.jsonl`` and ``status.json`` (docs/jobs.md). Steps are known at
 checkpoints, stops, resumes and the last status, so the step curve joins those points.
 ``build`` is pure: what it needs from storage (which checkpoints still exist) comes in as a
@@ -16,16 +19,18 @@ from typing import Literal, TypedDict
 
 from ferry.errors import FerryError
 from ferry.knobs import CHECKPOINT_EXIT_CODE
+from ferry.ops.jobs import JobRecord
 from ferry.runtime.jobfiles import Event, Status
 from ferry.storage import open_storage, strategy_for
 
-MarkKind = Literal["stop", "failure", "migration"]
+MarkKind = Literal["stop", "resume", "failure", "migration"]
 
 COLORS: dict[str, str] = {
     "curve": "#1f77b4",
     "checkpoint": "#2ca02c",
     "deleted": "#7f7f7f",
     "stop": "#ff7f0e",
+    "resume": "#8c564b",
     "failure": "#d62728",
     "migration": "#9467bd",
     "startup": "#bcbd22",
@@ -83,6 +88,8 @@ class Timeline:
     to its take-over (or its end, when it was discarded)."""
     start: float = 0.0
     end: float = 1.0
+    runs: int = 0
+    """``ferry run`` invocations of the job (its reruns after a stop included)."""
 
     @property
     def lost_seconds(self) -> float:
@@ -123,6 +130,7 @@ def build(
     stopped: float | None = None  # this worker's stop, while it exits
     pid: object = None  # the current worker's
     warming: dict[object, float] = {}  # warm workers started and not yet taken over: pid -> start
+    rerun = False  # a run of the job started, and has not resumed or trained yet
 
     def trained(end: float | None) -> None:
         """The start-up of the worker ends at ``end``; None: unknown (an older worker that
@@ -145,6 +153,13 @@ def build(
             kind = "retired"  # the worker a warm one took over from: the current one lives on
         if kind in ("run_start", "resume", "training_start", "checkpoint"):
             last_stop = None  # a new run, or the next worker at work: no restart pending
+        if kind == "run_start":
+            tl.runs += 1
+            rerun = tl.runs > 1
+        elif kind == "resume" and rerun and isinstance(step, int):
+            tl.marks.append({"kind": "resume", "time": t, "text": f"run again: resumed at step {step}"})
+        if kind in ("resume", "training_start", "checkpoint"):
+            rerun = False
         if kind == "stop":
             stopped = t
         if kind == "worker_exit":
@@ -227,6 +242,22 @@ def build(
     return tl
 
 
+def lineage(record: JobRecord, records: Iterable[JobRecord]) -> list[JobRecord]:
+    """The runs of ``record``'s job: every job directory (of this user, as listed) whose
+    checkpoint root is the same, oldest first. A job stopped and run again under another id
+    (an older ``HOST-PID`` default, a new ``--job-id``) still wrote that root."""
+    root = record.identity.get("checkpoint_dir")
+    same = [r for r in records if root and r.identity.get("checkpoint_dir") == root and r.id != record.id]
+    return sorted([record, *same], key=lambda r: float(r.identity.get("created") or 0.0))
+
+
+def merged(records: list[JobRecord]) -> tuple[list[Event], Status]:
+    """The events of every run of a lineage, in time order, and the status of the newest."""
+    events = sorted((e for r in records for e in r.dir.events()), key=lambda e: e["time"])
+    newest = max(records, key=lambda r: float(r.status.get("updated") or 0.0))
+    return events, newest.status
+
+
 def checkpoint_exists(url: str) -> bool:
     """Whether a committed checkpoint is still on its storage. One that cannot be looked at
     (a remote that is down, no credentials here) counts as there: the report must not call
@@ -256,7 +287,7 @@ def page(tl: Timeline, status: Status, figure_svg: str) -> str:
     mean = f"{sum(saves) / len(saves):.3f} s" if saves else "-"
     startup = sum(s["end"] - s["start"] for s in tl.startups)
     overlap = sum(s["end"] - s["start"] for s in tl.overlaps)
-    count = {k: sum(m["kind"] == k for m in tl.marks) for k in ("failure", "stop", "migration")}
+    count = {k: sum(m["kind"] == k for m in tl.marks) for k in ("failure", "stop", "resume", "migration")}
     deleted = sum(c["deleted"] for c in tl.checkpoints)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>ferry job {esc(tl.job)}</title>
@@ -264,11 +295,11 @@ def page(tl: Timeline, status: Status, figure_svg: str) -> str:
 </head><body>
 <h1>ferry job {esc(tl.job)}</h1>
 <p>state <b>{esc(str(status.get("state")))}</b> at step {status.get("step")}; wall time
-{tl.end - tl.start:.1f} s; {len(tl.checkpoints)} checkpoints (mean save {mean}; {deleted} since
-deleted by retention); {count["failure"]} failures, {count["stop"]} stops, {count["migration"]}
-migrations; worker start-up {startup:.1f} s (and {overlap:.1f} s of warm workers' start-up
-while the job trained); work lost and recomputed: {tl.lost_seconds:.1f} s
-of wall time.</p>
+{tl.end - tl.start:.1f} s over {tl.runs} run(s) of the job; {len(tl.checkpoints)} checkpoints (mean save
+{mean}; {deleted} since deleted by retention); {count["failure"]} failures, {count["stop"]} stops,
+{count["resume"]} resumes, {count["migration"]} migrations; worker start-up {startup:.1f} s (and
+{overlap:.1f} s of warm workers' start-up while the job trained); work lost and recomputed:
+{tl.lost_seconds:.1f} s of wall time.</p>
 {figure_svg}
 <h2>Events</h2><ul>{marks or "<li>no interruption</li>"}</ul>
 <h2>Checkpoints</h2>

@@ -49,6 +49,12 @@ def send(record: JobRecord, action: str, env: dict[str, str] | None = None) -> s
     already under way answers the requests that came in meanwhile with its own checkpoint
     (session/reporting.py), and ``wait_answer`` joins one that ended before it could."""
     require_alive(record, action)
+    if action == "restart" and record.identity.get("node") is not None:
+        raise JobError(
+            f"cannot restart job {record.id} in place: it runs on {record.identity.get('nodes')} nodes, "
+            "and one node's supervisor cannot start the others again; stop it (`ferry checkpoint "
+            "--stop`) and start it again on its nodes: it resumes from that checkpoint"
+        )
     return submit(record.dir, action, env)
 
 

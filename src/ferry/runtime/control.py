@@ -236,3 +236,30 @@ class ControlInbox:
         doc = {"id": rid, "ok": ok, "time": time.time(), **fields}
         with contextlib.suppress(OSError):  # the controller then times out and says so
             write_json_atomic(response_path(self.job, rid), doc)
+
+
+def answer_left(job: JobDir, why: str | None) -> int:
+    """Answer and remove every request in ``job``'s ``control/`` that no worker will take: the
+    supervisor's, as a new run of the job starts (``why``: a request that came while the last
+    run stopped) and as the job ends (``why`` None: it is stopping). None carries over to the
+    next run. At the end, a checkpoint or a stop that the job's stop already did (it ended
+    checkpointed, its last checkpoint at the step it stopped) is answered with that checkpoint,
+    as the worker answers the requests that overtake its stop; any other is refused, saying so.
+    Returns how many were answered."""
+    status = job.status()
+    state, last = status.get("state", "?"), status.get("last_checkpoint")
+    stopped_at = None
+    if why is None:
+        why = f"the job is stopping ({state}, exit {status.get('exit_code')})"
+        if state == "checkpointed" and last is not None and last["step"] == status.get("step"):
+            stopped_at = last
+    inbox = ControlInbox(job)
+    requests = inbox.poll()  # malformed ones are answered (refused) and removed by the poll
+    for r in requests:
+        if stopped_at is not None and r.action in ("checkpoint", "stop"):
+            inbox.respond(r.id, ok=True, step=stopped_at["step"], url=stopped_at["url"],
+                          seconds=stopped_at["seconds"])  # fmt: skip
+        else:
+            log.warning("ferry run: control request %s (%s) not taken: %s", r.id, r.action, why)
+            inbox.respond(r.id, ok=False, error=f"{why}; nothing was done for this {r.action} request")
+    return len(requests)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -30,6 +30,9 @@ from ferry.errors import JobError, StorageError
 
 log = logging.getLogger("ferry")
 
+PROBE_PREFIX = ".ferry-probe-"
+"""A file rank 0 writes into the checkpoint root for an instant (``RankGroup.blind_to``):
+outside the checkpoint names, ignored by the catalog."""
 UNKNOWN_NS = 1 << 62
 """A cost or step time not measured yet, as sent in a vote: larger than any measurement, so
 that an agreed cost is unknown until every rank measured one, and an agreed step time is
@@ -96,14 +99,56 @@ class RankGroup:
 
     def board(self) -> StoreBoard:
         """The job's store, through a connection of this rank's own where it is a TCPStore."""
+        return StoreBoard(self.store(60.0))
+
+    def store(self, timeout: float) -> Any:
+        """The job's store, through a new connection of this rank's own (whose calls give up
+        after ``timeout`` seconds) where it is a TCPStore; the store itself otherwise."""
         store: Any = dist.distributed_c10d._get_default_store()
         while isinstance(store, PrefixStore):
             store = store.underlying_store
         if isinstance(store, TCPStore):
             store = TCPStore(
-                store.host, store.port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=60)
+                store.host,
+                store.port,
+                is_master=False,
+                wait_for_workers=False,
+                timeout=timedelta(seconds=timeout),
             )
-        return StoreBoard(store)
+        return store
+
+    def blind_to(self, root: str) -> list[tuple[int, str]]:
+        """The ranks that cannot see what rank 0 writes into the checkpoint root ``root`` (a
+        path or a file:// URL; any other URL names one store every rank reaches): a root on
+        each node's own disk. Collective, made once, at the ranks' first agreement: rank 0
+        writes a file named by a random number, every rank looks for it. Each blind rank comes
+        with its node (``node_name``)."""
+        path = root[len("file://") :] if root.startswith("file://") else root
+        if "://" in path:
+            return []
+        token = 0
+        if self.rank == 0:
+            token = secrets.randbits(62)
+            try:
+                os.makedirs(path, exist_ok=True)
+                with open(os.path.join(path, f"{PROBE_PREFIX}{token:016x}"), "x"):
+                    pass
+            except OSError:  # a root rank 0 cannot write: its saves say so
+                token = 0
+        shared = torch.tensor([token], dtype=torch.int64)
+        dist.all_reduce(shared, op=dist.ReduceOp.MAX, group=self.group)
+        token = int(shared.item())
+        if not token:
+            return []
+        probe = os.path.join(path, f"{PROBE_PREFIX}{token:016x}")
+        blind = torch.zeros(self.world_size, dtype=torch.int64)
+        node = node_name()  # sent as node + 2 (1: a node without a number; 0: not blind)
+        blind[self.rank] = 0 if os.path.exists(probe) else int(node) + 2 if node.isdigit() else 1
+        dist.all_reduce(blind, op=dist.ReduceOp.MAX, group=self.group)
+        if self.rank == 0:
+            with contextlib.suppress(OSError):
+                os.unlink(probe)
+        return [(r, str(b - 2) if b > 1 else "?") for r, b in enumerate(blind.tolist()) if b]
 
 
 class StoreBoard:
@@ -198,6 +243,30 @@ class AbortOnCrash:
         self.armed = False
         if sys.excepthook is self:
             sys.excepthook = self.previous
+
+
+def end_rank(why: str, code: int) -> NoReturn:
+    """End this rank at once, with ``why`` in its log and exit status ``code``: a rank that
+    cannot go on with the job (the others then fail at their next collective, and the
+    launcher sees the failure)."""
+    log.error("ferry: error: %s", why)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def speaks_for_node(rank: int) -> bool:
+    """Does this rank write its node's job directory (status, events, answers to requests)?
+    The node's first rank (torchrun's ``LOCAL_RANK`` 0); rank 0 where no launcher says."""
+    local = os.environ.get("LOCAL_RANK")
+    return local == "0" if local is not None and local.isdigit() else rank == 0
+
+
+def node_name() -> str:
+    """This rank's node, as messages name it: torchrun's node index (``GROUP_RANK``), else '?'."""
+    group = os.environ.get("GROUP_RANK", "")
+    return group if group.isdigit() else "?"
 
 
 def replicated(objects: dict[str, Any]) -> bool:

@@ -58,6 +58,16 @@ def jobs_root() -> str:
     return os.path.join(ferry_home(), "jobs")
 
 
+NODE_SEPARATOR = "@"
+
+
+def node_dir_name(job_id: str, node: str) -> str:
+    """The job directory's name of one node of a job on many nodes: ``<job id>@<node>``, so
+    that the nodes of one job share a FERRY_HOME (a shared home folder) without sharing a
+    directory; each holds its node's supervisor, status, requests and events."""
+    return f"{job_id}{NODE_SEPARATOR}{node}"
+
+
 def dir_problem(st: os.stat_result, uid: int) -> str | None:
     """Why a directory with ``lstat`` result ``st`` is not one this user alone controls
     (None when it is): a symlink may lead anywhere, another owner or a group/world write
@@ -151,16 +161,18 @@ class JobDir:
         """False on ranks other than 0 of a multi-rank job: one rank speaks for the job."""
 
     @classmethod
-    def create(cls, job_id: str, path: str | None = None) -> JobDir:
+    def create(cls, job_id: str, path: str | None = None, *, name: str | None = None) -> JobDir:
         """The job directory, created 0700 where it is missing. FERRY_HOME, ``jobs/`` (when
         the directory is the default one), the directory and its ``control/`` must each be
-        a real directory of this user that nobody else may write: JobError otherwise."""
+        a real directory of this user that nobody else may write: JobError otherwise.
+        ``name``: the folder's name under ``jobs/`` when not the job id (one node's of a job
+        on many nodes: ``node_dir_name``)."""
         if path is None:
             home = ferry_home()
             os.makedirs(os.path.dirname(os.path.abspath(home)), mode=0o700, exist_ok=True)
             private_dir(home, "FERRY_HOME")
             private_dir(os.path.join(home, "jobs"), "the jobs folder")
-            path = os.path.join(home, "jobs", job_id)
+            path = os.path.join(home, "jobs", name or job_id)
         else:
             os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
         private_dir(path, "the job directory", tighten=True)

@@ -41,6 +41,11 @@ class Identity(TypedDict, total=False):
     pid: int
     scheduler: str
     scheduler_restarts: int
+    node: str
+    """A job on many nodes: this node's name (``node<rank>``, or its host), written by its
+    supervisor; the job directory is then ``<id>@<node>``."""
+    nodes: int
+    """A job on many nodes: how many (at most)."""
 
 
 class CheckpointRecord(TypedDict):

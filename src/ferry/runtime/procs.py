@@ -76,6 +76,15 @@ def tagged(tag: str, outside_group: int) -> list[int]:
     return sorted(found)
 
 
+def environ_has(pid: int, name: str) -> bool:
+    """Does process ``pid``'s environment (as it started) set ``name``?"""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return any(item.startswith(name.encode() + b"=") for item in f.read().split(b"\0"))
+    except OSError:
+        return False
+
+
 def stop_process(proc: subprocess.Popen[bytes], timeout: float = STOP_PROCESS_SECONDS) -> None:
     """SIGTERM a child, SIGKILL it after ``timeout`` seconds; returns once it is gone."""
     if proc.poll() is None:

@@ -19,8 +19,9 @@ class CheckpointedJob:
 
 
 def checkpointed_job(argv: Sequence[str], cwd: str, *, not_dir: str, not_id: str) -> CheckpointedJob | None:
-    """The job under FERRY_HOME, other than ``not_id``, whose worker ran ``argv`` in ``cwd``
-    and whose newest checkpoint lies outside ``not_dir``; the most recently checkpointed one."""
+    """The job under FERRY_HOME, other than ``not_id``, whose worker ran ``argv`` in ``cwd``,
+    did not finish, and whose newest checkpoint lies outside ``not_dir``; the most recently
+    checkpointed one."""
     try:
         names = os.listdir(jobs_root())
     except OSError:
@@ -34,6 +35,8 @@ def checkpointed_job(argv: Sequence[str], cwd: str, *, not_dir: str, not_id: str
             identity = job.identity()
             status = job.status()
         except PermissionError:  # another user's job: not ours to point at
+            continue
+        if status.get("state") == "finished":  # nothing to resume: its root says so too
             continue
         last = status.get("last_checkpoint")
         ck_dir = identity.get("checkpoint_dir")

@@ -5,10 +5,20 @@ The supervisor hands the warm worker four inherited descriptors, named in ``FERR
 ``GO,READY,OUT,ERR``: the worker writes ``READY`` to READY when it waits at its restore point,
 then reads GO: ``GO`` takes over, end of file means it is discarded. OUT and ERR are the job's
 real stdout and stderr, for after the take-over (until then it writes to buffers).
+
+A warm worker is started with SIGKILL as its parent-death signal: until it takes over it
+never trained, and has nothing to save. From the take-over on it is the job's worker, and
+gets the signal a cold-started worker gets when ``ferry run`` dies (``parent_death_signal``):
+it checkpoints and stops (``take_parent_death``).
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ferry.errors import ConfigError
@@ -43,3 +53,30 @@ def parse(value: str) -> WarmFds:
         )
     go, ready, out, err = (int(p) for p in parts)
     return WarmFds(go=go, ready=ready, out=out, err=err)
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def parent_death_signal(stop_signals: Sequence[str]) -> int:
+    """What a worker gets when ``ferry run`` dies (SIGKILLed): a stop signal, so that it
+    checkpoints and stops rather than trains on unsupervised: SIGTERM, or the first of
+    ``stop_signals`` when SIGTERM is not one of them."""
+    name = "SIGTERM" if "SIGTERM" in stop_signals or not stop_signals else stop_signals[0]
+    return int(getattr(signal, name))
+
+
+def take_parent_death(signum: int, parent: int) -> None:
+    """A warm worker that takes over: from now on it gets ``signum`` when its supervisor
+    (pid ``parent``) dies, as a cold-started worker does. A supervisor that died before the
+    call is caught by comparing the parent pid: the signal is then raised here at once (the
+    stop's handler, where one is installed, checkpoints at the next safe point)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+    prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signum), 0, 0, 0)
+    if os.getppid() != parent:
+        signal.raise_signal(signum)

@@ -96,6 +96,11 @@ class ManifestSpec:
     mount: str = "/checkpoints"
     storage: str = "50Gi"
     gpus: int = 1
+    """GPUs per pod (per node); on many nodes, torchrun's processes per node too."""
+    nodes: int = 1
+    """Pods of a PyTorchJob, one node each (a Master and ``nodes - 1`` Workers). Above 1,
+    ``command`` is the training script and its arguments, which torchrun runs on every node,
+    and the claim must be one every node mounts (ReadWriteMany)."""
 
     def __post_init__(self) -> None:
         if self.grace_seconds < K8S_MARGIN_SECONDS + 5:
@@ -108,7 +113,12 @@ class ManifestSpec:
 def _container(spec: ManifestSpec) -> dict[str, Any]:
     hook_timeout = spec.grace_seconds // 2
     run = ["ferry", "run", "--job-id", spec.name, "--dir", f"{spec.mount}/{spec.name}"]
-    run += ["--grace", str(spec.grace_seconds - hook_timeout - 5), "--", *spec.command]
+    run += ["--grace", str(spec.grace_seconds - hook_timeout - 5), "--"]
+    if spec.nodes > 1:
+        # The training operator sets PET_NNODES, PET_NODE_RANK and PET_NPROC_PER_NODE, which
+        # torchrun (and ferry run) read, and MASTER_ADDR/MASTER_PORT, which kubelet expands here.
+        run += ["torchrun", "--master-addr", "$(MASTER_ADDR)", "--master-port", "$(MASTER_PORT)"]
+    run += list(spec.command)
     return {
         "name": "train",
         "image": spec.image,
@@ -135,7 +145,11 @@ def pvc_manifest(spec: ManifestSpec) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
         "metadata": {"name": spec.claim},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": spec.storage}}},
+        "spec": {
+            # every node of a job on many nodes writes its ranks' parts of each checkpoint there
+            "accessModes": ["ReadWriteMany" if spec.nodes > 1 else "ReadWriteOnce"],
+            "resources": {"requests": {"storage": spec.storage}},
+        },
     }
 
 
@@ -150,21 +164,28 @@ def pod_manifest(spec: ManifestSpec) -> dict[str, Any]:
 
 
 def pytorchjob_manifest(spec: ManifestSpec) -> dict[str, Any]:
-    """A pure function: the example Kubeflow PyTorchJob, one master replica."""
-    template = {"metadata": {"labels": {"app": spec.name}}, "spec": _pod_spec(spec)}
-    # The training operator names the container "pytorch".
-    template["spec"]["containers"][0]["name"] = "pytorch"
+    """A pure function: the example Kubeflow PyTorchJob: one Master replica, and ``nodes - 1``
+    Workers on many nodes (one ``ferry run`` per pod, torchrun under each)."""
+    replicas: dict[str, Any] = {"Master": _replica(spec, 1)}
+    if spec.nodes > 1:
+        replicas["Worker"] = _replica(spec, spec.nodes - 1)
+    body: dict[str, Any] = {"runPolicy": {"backoffLimit": 20}}
+    if spec.nodes > 1:
+        body["nprocPerNode"] = str(spec.gpus)
+    body["pytorchReplicaSpecs"] = replicas
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
         "metadata": {"name": spec.name},
-        "spec": {
-            "runPolicy": {"backoffLimit": 20},
-            "pytorchReplicaSpecs": {
-                "Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template}
-            },
-        },
+        "spec": body,
     }
+
+
+def _replica(spec: ManifestSpec, count: int) -> dict[str, Any]:
+    template = {"metadata": {"labels": {"app": spec.name}}, "spec": _pod_spec(spec)}
+    # The training operator names the container "pytorch".
+    template["spec"]["containers"][0]["name"] = "pytorch"
+    return {"replicas": count, "restartPolicy": "OnFailure", "template": template}
 
 
 def render(*manifests: dict[str, Any]) -> str:

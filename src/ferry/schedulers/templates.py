@@ -37,6 +37,19 @@ def _sbatch_array() -> str:
     return slurm.sbatch_script(spec)
 
 
+def _sbatch_nodes() -> str:
+    spec = slurm.SbatchSpec(
+        # srun starts ferry run on each of the 4 nodes; torchrun runs train.py on 8 GPUs of each.
+        command=["train.py", "--out", "run"],
+        job_name="ferry-train-nodes",
+        time_limit="04:00:00",
+        extra=["--gres=gpu:8", "--cpus-per-task=64"],
+        nodes=4,
+        procs_per_node=8,
+    )
+    return slurm.sbatch_script(spec)
+
+
 def _condor_wrapper() -> str:
     return "\n".join(
         [
@@ -59,13 +72,20 @@ def _pytorchjob() -> str:
     return kubernetes.render(kubernetes.pvc_manifest(spec), kubernetes.pytorchjob_manifest(spec))
 
 
+def _pytorchjob_nodes() -> str:
+    spec = kubernetes.ManifestSpec(command=("train.py",), nodes=4, gpus=8)
+    return kubernetes.render(kubernetes.pvc_manifest(spec), kubernetes.pytorchjob_manifest(spec))
+
+
 EXAMPLES: dict[str, Callable[[], str]] = {
     "slurm/train.sbatch": _sbatch,
     "slurm/sweep-array.sbatch": _sbatch_array,
+    "slurm/train-nodes.sbatch": _sbatch_nodes,
     "htcondor/train.sub": lambda: htcondor.submit_file(),
     "htcondor/run-ferry.sh": _condor_wrapper,
     "kubernetes/pod.yaml": _pod,
     "kubernetes/pytorchjob.yaml": _pytorchjob,
+    "kubernetes/pytorchjob-nodes.yaml": _pytorchjob_nodes,
 }
 
 

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from ferry.config import Config
 from ferry.engine import AsyncSaver, CheckpointInfo, Loaded, sharded
 from ferry.engine.ranksave import RankSaver
+from ferry.errors import ConfigError
 from ferry.progress import Tally
 from ferry.runtime import handoff
 from ferry.runtime.distributed import (
@@ -21,8 +22,12 @@ from ferry.runtime.distributed import (
     RankGroup,
     Vote,
     WaitBeforeTeardown,
+    end_rank,
+    node_name,
     replicated,
+    speaks_for_node,
 )
+from ferry.runtime.peerwatch import PeerWatch
 from ferry.session import agreement
 from ferry.session.overlap import Overlap
 from ferry.session.policy import SafePoint, Wish
@@ -30,6 +35,8 @@ from ferry.state.training import TrainingState
 
 OnCommit = Callable[[CheckpointInfo], None]
 OnError = Callable[[int, Exception], None]
+OnFatal = Callable[[str, int], None]
+"""A rank that cannot go on with the job (why, the exit status): reports it, ends the process."""
 
 
 class Checkpointer(Protocol):
@@ -75,13 +82,19 @@ class Checkpointer(Protocol):
 
 
 def for_process(
-    config: Config, on_commit: OnCommit, on_error: OnError, tally: Tally | None = None
+    config: Config,
+    on_commit: OnCommit,
+    on_error: OnError,
+    tally: Tally | None = None,
+    on_fatal: OnFatal | None = None,
 ) -> Checkpointer:
-    """``tally`` counts the bytes of each save as they are written (``ferry.progress``)."""
+    """``tally`` counts the bytes of each save as they are written (``ferry.progress``);
+    ``on_fatal``: a rank of several that cannot go on (a stalled peer, a root the nodes do
+    not share) reports through it, and the process ends."""
     group = RankGroup.detect()
     if group is None:
         return LocalCheckpointer(config, on_commit, on_error, tally)
-    return RankedCheckpointer(config, group, on_commit, on_error, tally)
+    return RankedCheckpointer(config, group, on_commit, on_error, tally, on_fatal)
 
 
 class LocalCheckpointer:
@@ -170,6 +183,7 @@ class RankedCheckpointer:
         on_commit: OnCommit,
         on_error: OnError,
         tally: Tally | None = None,
+        on_fatal: OnFatal | None = None,
     ) -> None:
         self.config, self.group = config, group
         self.rank, self.world_size = group.rank, group.world_size
@@ -192,6 +206,39 @@ class RankedCheckpointer:
         self._clock = agreement.StepClock()  # the step time this rank agrees on
         self._token = 0  # the last agreement's: names the save it decided
         self._shard_group: Any = None
+        self._fatal = on_fatal or end_rank
+        self._agreements = 0
+        alone = self.world_size == 1  # a one-rank group (DCP's): no peer to wait for, no node to miss
+        self.watch = None if config.stall_seconds is None or alone else self._peer_watch(config.stall_seconds)
+
+    def _peer_watch(self, stall: float) -> PeerWatch:
+        store = self.group.store(max(stall / 2, 1.0))
+        where = f" at {store.host}:{store.port}" if hasattr(store, "host") else ""
+        return PeerWatch(store, rank=self.rank, world_size=self.world_size, node=node_name(), stall=stall,
+                         watch=speaks_for_node(self.rank), on_stall=lambda why: self._fatal(why, 1),
+                         where=where)  # fmt: skip
+
+    def _first_agreements(self, token: int) -> None:
+        """After the ranks' first agreements (the same on every rank): the root must be one
+        the nodes share (first), and the ranks watch each other from the second on."""
+        self._agreements += 1
+        if self._agreements == 1 and self.world_size > 1:
+            blind = self.group.blind_to(self.config.dir)
+            if blind:
+                ranks = ", ".join(f"rank {r} (node {n})" for r, n in blind[:8]) + (
+                    " ..." if len(blind) > 8 else ""
+                )
+                self._fatal(
+                    f"the checkpoint root {self.config.dir} is not shared by the job's nodes: {ranks} cannot "
+                    "see what rank 0 writes there (a folder on each node's own disk); a job on many nodes "
+                    "needs one root that every node reaches: a shared filesystem, or an object store URL "
+                    "(--dir s3://..., gs://...)",
+                    ConfigError.exit_code,
+                )
+            if self.watch is not None:
+                self.watch.begin(token)
+        elif self._agreements == 2 and self.watch is not None:
+            self.watch.start()
 
     @property
     def leads(self) -> bool:
@@ -219,6 +266,8 @@ class RankedCheckpointer:
         cost_ns = int(statistics.fmean(self._costs)) if self._costs else UNKNOWN_NS
         mine = Vote(wish.stop, wish.save, cost_ns, step_ns)
         agreed = self.group.agree(mine)
+        if self._agreements < 2:
+            self._first_agreements(agreed.token)
         end = time.perf_counter()
         self._costs.append(int((end - start) * 1e9))
         self._token = agreed.token
@@ -275,6 +324,8 @@ class RankedCheckpointer:
         try:
             self.saver.close()
         finally:
+            if self.watch is not None:
+                self.watch.close()
             if self.overlap is not None:
                 self.overlap.close()
             self._teardown.remove()

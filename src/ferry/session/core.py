@@ -26,6 +26,7 @@ from ferry.errors import FerryError, UnsupportedStateError, bug
 from ferry.knobs import STATUS_SECONDS
 from ferry.progress import Tally
 from ferry.runtime.control import ControlInbox, Request
+from ferry.runtime.distributed import end_rank, speaks_for_node
 from ferry.runtime.identity import default_job_id
 from ferry.runtime.jobdir import JobDir
 from ferry.runtime.procs import own_process
@@ -77,7 +78,7 @@ class Session(LoopHooks):
         self.config = config or Config.from_env()
         # A warm worker (docs/jobs.md, "Warm migration") waits here, before it looks at the job
         # or writes anything of it, until the worker it replaces has handed its state over.
-        warm_wait = warm.hold()
+        warm_wait = warm.hold(self.config.stop_signals)
         _default_logging()
         if warm_wait is not None:
             log.info("ferry: taking over, after %.1f s at the restore point (a warm migration)", warm_wait)
@@ -98,11 +99,13 @@ class Session(LoopHooks):
         self._requests: list[Request] = []
         self.job_id = self.config.job_id or os.environ.get("FERRY_JOB_ID") or default_job_id()
         tally = Tally()
-        self.checkpointer = checkpointer.for_process(self.config, self._committed, self._failed, tally)
+        self.checkpointer = checkpointer.for_process(
+            self.config, self._committed, self._failed, tally, self._fatal
+        )
         self.job = JobDir.create(self.job_id, self.config.job_dir)
-        if not self.checkpointer.leads:
+        if not (self.checkpointer.leads or speaks_for_node(self.checkpointer.rank)):
             self.job.writer = False
-            log.setLevel(logging.WARNING)  # rank 0 reports for the job
+            log.setLevel(logging.WARNING)  # rank 0 reports for the job, a node's first rank for its node
         self.job.write_identity(
             id=self.job_id, pid=os.getpid(), argv=[sys.executable, *sys.argv], checkpoint_dir=self.config.dir
         )
@@ -133,7 +136,7 @@ class Session(LoopHooks):
         self._driver_pinned = False
         self._trained = False  # past the first safe point
         self.transfer: Transfer | None = None  # docs/transfer.md
-        if self.config.remote and self.job.writer:
+        if self.config.remote and self.checkpointer.leads:
             self.transfer = Transfer(self.config.dir, TransferPolicy(remote=self.config.remote))
             if self.config.resume:
                 self.transfer.fetch_if_missing()
@@ -419,6 +422,12 @@ class Session(LoopHooks):
 
     def _failed(self, step: int, exc: Exception) -> None:
         self.report.failed(step, exc)
+
+    def _fatal(self, why: str, code: int) -> None:
+        """This rank cannot go on with the job (a stalled peer, a root the nodes do not
+        share): the job's records say why, and the process ends now (from any thread)."""
+        self.report.fatal(self.global_step, why)
+        end_rank(why, code)
 
     def _stop(self, requests: list[Request], why: str) -> None:
         self._stopping = True

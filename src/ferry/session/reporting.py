@@ -15,6 +15,7 @@ from ferry.errors import bug
 from ferry.runtime.control import ControlInbox, Request
 from ferry.runtime.grace import slow_save_warning
 from ferry.runtime.jobdir import JobDir
+from ferry.runtime.launch import rank_exit_code
 from ferry.schedulers import SchedulerAdapter
 
 log = logging.getLogger("ferry")
@@ -179,6 +180,13 @@ class Reporter:
         code = self.config.exit_code
         self.job.update_status("checkpointed", step=info.step, exit_code=code, url=info.url, restart=restart)
         self.job.event("stop", step=info.step, url=info.url, exit_code=code)
+        if rank_exit_code(code) != code:
+            log.info(
+                "ferry: checkpointed at step %d; exiting with 0 for torchrun (ferry run exits %d: resume me)",
+                info.step,
+                code,
+            )
+            return 0
         log.info("ferry: checkpointed at step %d, exiting with %d (resume me)", info.step, code)
         return code
 
@@ -187,7 +195,7 @@ class Reporter:
         name = signal.Signals(signum).name
         log.warning(
             "ferry: %s asked for a checkpoint and stop, but the script reached no safe point after "
-            "it and ended at step %d without one; docs/zero-code.md says which loops have safe points",
+            "it and ended at step %d without one; `ferry help zero-code` says which loops have safe points",
             name,
             step,
         )
@@ -212,6 +220,11 @@ class Reporter:
         """An uncaught exception ends the job as failed, not finished."""
         self.job.update_status("failed", step=step, error=f"{kind.__name__}: {value}")
         self.job.event("failed", step=step, error=f"{kind.__name__}: {value}")
+
+    def fatal(self, step: int, why: str) -> None:
+        """This rank cannot go on with the job: it ends now (``Session._fatal``)."""
+        self.job.update_status("failed", step=step, error=why)
+        self.job.event("failed", step=step, error=why)
 
     def finished(self, step: int) -> None:
         if self.job.status().get("state") in ("running", "resumed", "checkpointing"):

@@ -24,16 +24,19 @@ import io
 import os
 import sys
 import time
+from collections.abc import Sequence
 
-from ferry.runtime.warmstart import ENV, GO, READY, WarmFds, parse
+from ferry.runtime.warmstart import ENV, GO, READY, WarmFds, parent_death_signal, parse, take_parent_death
 
 DISCARDED_EXIT = 0
 """The exit status of a warm worker that is discarded before taking over: nothing failed."""
 
 
-def hold() -> float | None:
+def hold(stop_signals: Sequence[str]) -> float | None:
     """In a warm worker: wait here until the supervisor says to take over; returns the seconds
-    waited (None in any other worker: it returns at once). Never returns when discarded."""
+    waited (None in any other worker: it returns at once). Never returns when discarded.
+    Once it takes over, the supervisor's death sends it the first of ``stop_signals`` (SIGTERM
+    where it is one), as to a cold-started worker, instead of the SIGKILL it started with."""
     value = os.environ.pop(ENV, None)  # the script's own subprocesses are no warm workers
     if value is None:
         return None
@@ -48,6 +51,9 @@ def hold() -> float | None:
     if word != GO:
         os._exit(DISCARDED_EXIT)  # nothing written, nothing to tear down
     os.close(fds.go)
+    supervisor = os.environ.get("FERRY_SUPERVISOR_PID", "")
+    if supervisor.isdigit():
+        take_parent_death(parent_death_signal(stop_signals), int(supervisor))
     _release_output(fds)
     return time.monotonic() - t0
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ferry.errors import StorageError
+from ferry.storage.extras import install_hint
 
 log = logging.getLogger("ferry")
 
@@ -154,8 +155,7 @@ class FsspecStorage:
             self.fs, self.root = fsspec.core.url_to_fs(self.url, **{**self.quirks.options, **options})
         except (ImportError, ValueError) as exc:
             raise StorageError(
-                f"no fsspec backend for {self.protocol}:// ({exc}); "
-                f"install it, e.g. pip install 'gpuferry[{_EXTRA.get(self.protocol, 's3')}]'"
+                f"no fsspec backend for {self.protocol}:// ({exc}); install it: {install_hint(self.protocol)}"
             ) from exc
         self.root = self.root.rstrip("/")
         self.atomic_rename = self.quirks.atomic_rename
@@ -234,6 +234,3 @@ class FsspecStorage:
     def remove(self, rel: str) -> None:
         with contextlib.suppress(FileNotFoundError):  # already gone is what was asked
             self._call("remove", rel, self.fs.rm, recursive=True)
-
-
-_EXTRA = {"s3": "s3", "root": "xrootd"}

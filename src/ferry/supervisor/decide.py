@@ -16,7 +16,6 @@ operator) wants the job gone. The rules and the files are documented in docs/job
 from __future__ import annotations
 
 import logging
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -36,7 +35,10 @@ class WorkerExit:
     """The Popen return code: the exit status, or -N for a death by signal N."""
     checkpointed: bool = False
     """The job's status says this worker committed a checkpoint and stopped (status.json,
-    written after it started), whatever its exit status."""
+    written after it started), whatever its exit status (torchrun's ranks exit 0 after a
+    stop under ``ferry run``, so that the launcher reports no failure)."""
+    error: str | None = None
+    """The job's status says the worker failed, and why (written after it started)."""
     stop_signal: str | None = None
     """The first stop signal the supervisor received in its life (SIGTERM, ...), if any."""
     killed: bool = False
@@ -112,31 +114,35 @@ def exit_status(returncode: int) -> int:
 
 def resume_hint(options: RunOptions, checkpoint_dir: str) -> str:
     """How to resume a stopped job: the command given for it (``ferry resume``'s), else the
-    same command when it names its job or its folder."""
+    same command (its job id is the same: given, the scheduler's, or made of the working
+    directory and the command line)."""
     if options.resume_command:
         return f"to resume, run: {options.resume_command}"
-    if options.dir or options.job_id:
-        return "run the same command again to resume"
-    return f"to resume, run it again with --dir {shlex.quote(checkpoint_dir)}"
+    if options.fresh:
+        return "run the same command again, in the same folder and without --fresh, to resume"
+    return "run the same command again, in the same folder, to resume"
 
 
 def decide(w: WorkerExit, o: RunOptions, checkpoint_dir: str) -> Decision:
     """What the supervisor does after the exit ``w``, under options ``o`` (whose exit_code
     is already the scheduler's checkpoint code)."""
     returncode, code = w.returncode, exit_status(w.returncode)
-    if returncode == 0:
+    if returncode == 0 and not w.checkpointed:
         return Decision("finished", 0, "the worker finished")
     notes: list[tuple[int, str]] = []
     if returncode != o.exit_code and w.checkpointed:
-        # a launcher in between (torchrun) turns its workers' 85 into a failure of its own
-        notes.append(
-            (
-                logging.INFO,
-                f"ferry run: the worker exited with {returncode}, but its job committed a checkpoint "
-                "and stopped: treating it as checkpointed",
+        # a launcher in between: torchrun's ranks exit 0 after a stop under ferry run (an older
+        # ferry's exited 85, which torchrun turns into a failure of its own)
+        if returncode != 0:
+            notes.append(
+                (
+                    logging.INFO,
+                    f"ferry run: the worker exited with {returncode}, but its job committed a checkpoint "
+                    "and stopped: treating it as checkpointed",
+                )
             )
-        )
         returncode, code = o.exit_code, exit_status(o.exit_code)
+    cause = f": {w.error}" if w.error else ""
     hint = resume_hint(o, checkpoint_dir)
     if w.stop_signal is not None:  # the scheduler (or the operator) wants the job gone
         name = w.stop_signal
@@ -151,7 +157,7 @@ def decide(w: WorkerExit, o: RunOptions, checkpoint_dir: str) -> Decision:
             why = f"was killed by {signal_name(-returncode)} before it could checkpoint"
         else:
             why = f"exited with {returncode} after {name}, without a committed checkpoint"
-        return Decision("failed", code, f"the worker {why}", notes=tuple(notes))
+        return Decision("failed", code, f"the worker {why}{cause}", notes=tuple(notes))
     if returncode == o.exit_code:
         if w.restart is not None and w.restarts < o.restarts:
             env = {str(k): None if v is None else str(v) for k, v in w.restart.items()}
@@ -176,14 +182,14 @@ def decide(w: WorkerExit, o: RunOptions, checkpoint_dir: str) -> Decision:
     why = f"was killed by {signal_name(-returncode)}" if returncode < 0 else f"exited with {returncode}"
     if w.failures >= o.max_failures:
         left = "no restarts left" if o.max_failures else "--max-failures N restarts it"
-        return Decision("failed", code, f"the worker {why} ({left})")
+        return Decision("failed", code, f"the worker {why} ({left}){cause}")
     failure = w.failures + 1
     delay = backoff_delay(o.backoff_seconds, failure, BACKOFF_CAP_SECONDS)
     notes.append(
         (
             logging.WARNING,
-            f"ferry run: the worker {why}: failure {failure} of {o.max_failures} allowed; restarting "
-            f"it from its last checkpoint in {delay:g} s",
+            f"ferry run: the worker {why}{cause}: failure {failure} of {o.max_failures} allowed; "
+            f"restarting it from its last checkpoint in {delay:g} s",
         )
     )
     message = f"the worker {why}; a stop signal came during the backoff, before its restart; {hint}"

@@ -12,9 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ferry.config import MAX_SECONDS, Config, Limits, check_url
+from ferry.config import MAX_SECONDS, Config, Limits
 from ferry.errors import ConfigError
 from ferry.knobs import BACKOFF_SECONDS, CHECKPOINT_EXIT_CODE, GRACE_SECONDS
+from ferry.storage import BACKENDS, scheme
+from ferry.storage.extras import missing_backend
 from ferry.supervisor.signals import FORWARDED
 
 MAX_RESTARTS = 1_000_000
@@ -46,8 +48,12 @@ class RunOptions:
     """Checkpoint root handed to the worker as FERRY_DIR (a path or an fsspec URL).
     None: ``./ferry-checkpoints/<job id>``. Run the job again with the same dir to resume."""
     job_id: str | None = None
-    """The job's id; names its job directory, ``<FERRY_HOME>/jobs/<id>``.
-    None: ``<host>-<supervisor pid>``."""
+    """The job's id; names its job directory, ``<FERRY_HOME>/jobs/<id>``. None: the
+    scheduler's job id, else one made of the working directory and the command line
+    (``runtime.identity``), so that the same command run there again resumes."""
+    fresh: bool = False
+    """Start over: delete the checkpoints under the root and its record that the job
+    finished, instead of resuming (or of saying that the job finished)."""
     every_steps: int | None = None
     """Periodic checkpoint every N training steps (FERRY_EVERY_STEPS)."""
     every_seconds: float | None = None
@@ -87,16 +93,17 @@ class RunOptions:
     and the supervisor starts the grace period when it forwards one."""
 
     def __post_init__(self) -> None:
-        if self.job_id is not None and (
-            self.job_id in ("", ".", "..") or "/" in self.job_id or "\0" in self.job_id
-        ):
-            raise ConfigError(f"job id {self.job_id!r} names a folder: use no '/', and not '.' or '..'")
+        if self.job_id is not None:
+            check_job_id(self.job_id)
         for name, limits in LIMITS.items():
             limits.check(name, getattr(self, name))
         if self.grace_seconds is not None:
             GRACE.check("grace_seconds", self.grace_seconds)
         if self.dir is not None:
-            check_url("dir", self.dir)
+            try:
+                check_root(self.dir)
+            except ConfigError as exc:
+                raise ConfigError(f"dir {exc}") from None
         for name in self.stop_signals:
             signum = getattr(signal, name, None)
             if isinstance(signum, signal.Signals) and signum not in FORWARDED:
@@ -127,8 +134,46 @@ class RunOptions:
         return Config(**self.worker_settings(), **more)
 
 
-def check_command(command: Sequence[str], path: str | None) -> None:
-    """Refuse, with the fix, a command that cannot start, before the job directory is touched."""
+def check_job_id(job_id: str) -> str:
+    """A job id names a folder under FERRY_HOME/jobs: ConfigError for one that names another."""
+    if job_id in ("", ".", "..") or "/" in job_id or "\0" in job_id:
+        raise ConfigError(f"job id {job_id!r} names a folder: use no '/', and not '.' or '..'")
+    return job_id
+
+
+def check_root(url: str) -> str:
+    """A checkpoint root a supervised job can resume from, checked before any worker starts:
+    ConfigError (starting with the URL) for a scheme no backend knows, a backend whose
+    package is not installed (with its install line), and ``memory://``, which lives in one
+    process's memory and is gone when the worker exits."""
+    proto = scheme(url)
+    if proto == "memory":
+        raise ConfigError(
+            f"{url!r}: a memory:// root lives in the worker's memory and is gone when it exits, "
+            "so the job could never resume from it: give a path, or a store that outlives the "
+            "worker (s3://, root://, ...)"
+        )
+    if not url or "\0" in url:
+        raise ConfigError(f"{url!r} is not a path or URL: name a folder, e.g. ./ferry-checkpoints")
+    if proto in BACKENDS:
+        return url
+    missing = missing_backend(proto)
+    if missing is not None:
+        raise ConfigError(f"{url!r}: {missing}")
+    import fsspec
+
+    if proto not in fsspec.available_protocols():
+        raise ConfigError(
+            f"{url!r}: no storage backend knows the scheme {proto}:// ; give a local path or an "
+            "fsspec URL (s3://, gs://, root://, ...)"
+        )
+    return url
+
+
+def check_command(command: Sequence[str], path: str | None, cwd: str | None = None) -> None:
+    """Refuse, with the fix, a command that cannot start, before the job directory is touched.
+    ``cwd``: the folder it will run in (default: this process's)."""
+    here = cwd or os.getcwd()
     if not command:
         raise ConfigError("no command given: put it after --, e.g. `ferry run -- python train.py`")
     argv0 = command[0]
@@ -138,23 +183,24 @@ def check_command(command: Sequence[str], path: str | None) -> None:
             "the command after --, e.g. `ferry run --every-steps 100 -- python train.py`"
         )
     if os.sep in argv0:
+        argv0 = os.path.join(here, argv0)
         if not os.path.isfile(argv0):
-            raise ConfigError(f"cannot run {argv0!r}: no such file")
+            raise ConfigError(f"cannot run {command[0]!r}: no such file (in {here})")
         if not os.access(argv0, os.X_OK):
             raise ConfigError(
-                f"cannot run {argv0!r}: it is not executable; chmod +x it, or name its "
-                f"interpreter: `ferry run -- python {argv0}`"
+                f"cannot run {command[0]!r}: it is not executable; chmod +x it, or name its "
+                f"interpreter: `ferry run -- python {command[0]}`"
             )
     elif shutil.which(argv0, path=path) is None:
         raise ConfigError(f"cannot run {argv0!r}: command not found on PATH")
-    _check_script(command)
+    _check_script(command, here)
 
 
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 _PYTHON_VALUE_OPTIONS = ("-W", "-X", "-Q")
 
 
-def _check_script(command: Sequence[str]) -> None:
+def _check_script(command: Sequence[str], cwd: str) -> None:
     """``python SCRIPT``: the script must exist, or the worker fails at once, and a restart
     would fail the same way."""
     if not _PYTHON.match(os.path.basename(command[0])):
@@ -166,9 +212,8 @@ def _check_script(command: Sequence[str]) -> None:
         if arg in _PYTHON_VALUE_OPTIONS:
             next(args, None)
         elif not arg.startswith("-"):
-            if not os.path.exists(arg):
+            if not os.path.exists(os.path.join(cwd, arg)):
                 raise ConfigError(
-                    f"cannot run {shlex.join(command[:4])}: no such script {arg!r} "
-                    f"(in {os.getcwd()}); check the path"
+                    f"cannot run {shlex.join(command[:4])}: no such script {arg!r} (in {cwd}); check the path"
                 )
             return

@@ -82,7 +82,7 @@ def grace_kill_notice(name: str, grace: float, progress: StopProgress) -> str:
     if progress.saving_step is not None:
         why = f"it was still saving the checkpoint of step {progress.saving_step}"
     else:
-        why = "it reached no safe point after the signal (docs/zero-code.md: loops without one)"
+        why = "it reached no safe point after the signal (`ferry help zero-code`: loops without one)"
     return (
         f"ferry run: the worker did not exit within {grace:g} s of {name} ({why}): killing its "
         f"process group with SIGKILL; this stop leaves no new checkpoint: {kept(progress)}"

@@ -16,7 +16,6 @@ import logging
 import math
 import os
 import shlex
-import signal
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -25,11 +24,16 @@ from ferry.config import Config
 from ferry.errors import ConfigError, JobError, bug
 from ferry.knobs import LEFTOVER_SECONDS, POLL_SECONDS, PROCESS_POLL_SECONDS
 from ferry.runtime import handoff
-from ferry.runtime.identity import default_job_id
+from ferry.runtime.control import answer_left
+from ferry.runtime.finished import start_over, verdict, write_finished
+from ferry.runtime.identity import choose_identity
 from ferry.runtime.jobdir import JobDir, write_json_atomic
+from ferry.runtime.launch import nodes_of
 from ferry.runtime.rootlock import RootLock
+from ferry.runtime.warmstart import parent_death_signal
 from ferry.schedulers import detect as detect_scheduler
 from ferry.supervisor.decide import Decision, WorkerExit, decide
+from ferry.supervisor.nodes import claim_job_dir, claim_root
 from ferry.supervisor.options import RunOptions, check_command
 from ferry.supervisor.signals import SignalPump
 from ferry.supervisor.stopping import signal_name
@@ -57,7 +61,19 @@ class Supervisor:
         code = self.scheduler.exit_code(self.options.exit_code)
         if code != self.options.exit_code:
             self.options = dataclasses.replace(self.options, exit_code=code)
-        self.job_id = self.options.job_id or self.scheduler.job_id() or default_job_id()
+        # A job on many nodes (one ferry run per node) is one job: each node names it alike.
+        self.nodes = nodes_of(self.command, {**os.environ, **self.options.env})
+        self.node: str | None = None
+        """This node's name among the job's (a job on many nodes), once its directory is claimed."""
+        self.identity = choose_identity(
+            given=self.options.job_id,
+            scheduler=self.scheduler.name,
+            scheduler_id=self.scheduler.job_id(),
+            command=self.command,
+            cwd=os.getcwd(),
+            rendezvous=self.nodes.rendezvous if self.nodes.many else None,
+        )
+        self.job_id = self.identity.id
         ckpt = self.options.dir or os.path.join("ferry-checkpoints", self.job_id)
         self.checkpoint_dir = ckpt if "://" in ckpt else os.path.abspath(ckpt)
         self.job: JobDir | None = None
@@ -81,10 +97,18 @@ class Supervisor:
         # The worker's FERRY_* settings: a bad one would otherwise surface in the worker, which
         # would then train unprotected or fail at its first batch.
         Config.from_env({**self._user_env(), "FERRY_DIR": self.checkpoint_dir})
-        self.job = JobDir.create(self.job_id)
-        self.job.acquire_lock()
+        # ferry resume starts a job again on purpose (and clears the record of its root)
+        again = self.options.fresh or self.options.resume_command is not None
+        finished = None if again else verdict(self.checkpoint_dir, self.command)
+        if finished is not None:
+            (log.info if finished.done else log.warning)("%s", finished.line)
+            if finished.done:  # this command finished there: nothing to train
+                return 0
+        self.job, self.node = claim_job_dir(self.job_id, self.nodes)
         try:
-            self.root_lock = RootLock.acquire(self.checkpoint_dir, self.job_id)
+            self.root_lock = claim_root(
+                self.checkpoint_dir, self.job_id, self.nodes, self.node, self.job.path
+            )
         except BaseException:
             self.job.release_lock()
             raise
@@ -111,6 +135,7 @@ class Supervisor:
                     worker = self._start()
         finally:
             self.warm.drop("the supervisor is exiting")
+            self._answer_left()
             if self._retiring is not None:
                 self._retiring.abandon(self.options.grace_seconds or LEFTOVER_SECONDS)
             if self.worker is not None:
@@ -118,6 +143,14 @@ class Supervisor:
             if self.root_lock is not None:
                 self.root_lock.release()
             self.job.release_lock()
+
+    def _answer_left(self) -> None:
+        """The job ends: requests that came while it stopped are answered, none carries over."""
+        if self.job is not None:
+            try:
+                answer_left(self.job, None)
+            except OSError as exc:  # the next run answers them
+                log.warning("ferry run: cannot answer the requests left in %s: %s", self.job.control, exc)
 
     # ------------------------------------------------------------------ the worker
     def _user_env(self) -> dict[str, str]:
@@ -130,8 +163,13 @@ class Supervisor:
         return handoff_dir(self.job.path)
 
     def _begin(self) -> None:
-        if self.job is None:
-            raise bug("the supervisor has no job directory")
+        if self.job is None or self.warm is None:
+            raise bug("the supervisor's state is incomplete here (self.job, self.warm)")
+        # Requests that came while the job's last run stopped were for that run, not this one.
+        answer_left(self.job, "the job stopped before it took this request; ask again now")
+        self.warm.refuse_left("the job stopped before it took this request; ask again now")
+        if self.options.fresh:
+            log.info("%s", start_over(self.checkpoint_dir))
         try:
             import pwd
 
@@ -148,6 +186,7 @@ class Supervisor:
             checkpoint_dir=self.checkpoint_dir,
             scheduler=self.scheduler.name,
             scheduler_restarts=self.scheduler.restart_count(),
+            **({} if self.node is None else {"node": self.node, "nodes": self.nodes.count}),
         )
         # A new run: what the previous one concluded no longer holds (checkpoints stay listed).
         self.job.update_status(
@@ -163,11 +202,13 @@ class Supervisor:
             started=time.time(),
         )
         self.job.event("run_start", supervisor_pid=os.getpid(), command=self.command)
+        where = "" if self.node is None else f", {self.node} of {self.nodes.count} nodes"
+        log.info("ferry run: job %s%s (%s)", self.job_id, where, self.identity.why)
         log.info(
-            "ferry run: job %s (job directory %s), checkpoints under %s",
-            self.job_id,
-            self.job.path,
+            "ferry run: checkpoints under %s (%s); job directory %s",
             self.checkpoint_dir,
+            "--dir" if self.options.dir else "the default: ./ferry-checkpoints/JOB",
+            self.job.path,
         )
 
     def _env(self, user: dict[str, str]) -> dict[str, str]:
@@ -301,15 +342,13 @@ class Supervisor:
         stay held while it lives, whatever happens to the supervisor."""
         if self.job is None:
             raise bug("the supervisor has no job directory")
-        fds = [self.job.lock_fd, None if self.root_lock is None else self.root_lock.fd]
+        fds = (self.job.lock_fd, *(() if self.root_lock is None else self.root_lock.fds))
         return tuple(fd for fd in fds if fd is not None)
 
     def _pdeathsig(self) -> int:
         """What the worker gets when the supervisor dies (SIGKILLed): a stop signal, so that
         it checkpoints and stops rather than trains on unsupervised."""
-        names = self.options.stop_signals
-        name = "SIGTERM" if "SIGTERM" in names or not names else names[0]
-        return int(getattr(signal, name))
+        return parent_death_signal(self.options.stop_signals)
 
     def _watch(self, worker: WorkerGroup) -> int | None:
         """Forward signals until the worker exits; returns its Popen return code, or None
@@ -407,9 +446,11 @@ class Supervisor:
         restart = status.get("restart")
         stop = self.pump.stop_signal
         started = float(status.get("worker_started", 0) or 0)
+        since = float(status.get("updated", 0)) >= started  # written by this worker (or about it)
         exited = WorkerExit(
             returncode=returncode,
-            checkpointed=status.get("state") == "checkpointed" and float(status.get("updated", 0)) >= started,
+            checkpointed=status.get("state") == "checkpointed" and since,
+            error=status.get("error") if status.get("state") == "failed" and since else None,
             stop_signal=signal_name(stop) if stop is not None else None,
             killed=self.pump.killed,
             progress=self.pump.progress,
@@ -480,6 +521,13 @@ class Supervisor:
         if state == "failed":
             fields["error"] = message
         self.job.update_status(state, **fields)
+        stopped = self.pump is not None and self.pump.stop_signal is not None  # it ended early
+        if state == "finished" and not stopped:  # a run of this job again says so, trains nothing
+            warning = write_finished(
+                self.checkpoint_dir, job=self.job_id, step=self.job.status().get("step"), command=self.command
+            )
+            if warning is not None:
+                log.warning("%s", warning)
         self.job.event("run_end", state=state, exit_code=code, message=message)
         (log.info if state != "failed" else log.error)("ferry run: %s; exit %d", message, code)
         return code

@@ -49,6 +49,12 @@ class WarmSlot:
         self.groups.add(worker.pid)
         worker.group.spare = self.groups
 
+    def refuse_left(self, why: str) -> None:
+        """Answer every warm request left from the job's last run: none carries over."""
+        for request in warm.take_requests(self.job):
+            rid = request.id if isinstance(request, WarmRequest) else request[0]
+            warm.answer(self.job, rid, ok=False, error=f"warm start refused: {why}")
+
     def tend(self, current: WorkerGroup, start: Start, stop_signal: int | None) -> None:
         """Take warm requests; answer the pending one once its worker is ready or gone; end
         a warm worker that can no longer take over."""

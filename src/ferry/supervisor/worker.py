@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from ferry.autotrack import BOOT_DIR
 from ferry.knobs import GROUP_EXIT_SECONDS, LEFTOVER_SECONDS, PROCESS_POLL_SECONDS
-from ferry.runtime.procs import group_members, tagged
+from ferry.runtime.procs import environ_has, group_members, tagged
 from ferry.runtime.warmstart import ENV as WARM_ENV
 from ferry.supervisor.options import RunOptions
 
@@ -95,6 +95,11 @@ def handoff_dir(job_path: str) -> str:
 
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+RANK_MARK = "TORCHELASTIC_RUN_ID"
+"""Set by torchrun's agent in each rank it starts: a process of the job that is a rank."""
+_WHOLE_GROUP = {signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT}
+"""Signals for every process of the job, the launcher included: the end of a grace period,
+a terminal's suspend and resume."""
 
 
 def die_with_parent(signum: int) -> Callable[[], None] | None:
@@ -159,8 +164,18 @@ class WorkerGroup:
         return self.proc.poll()
 
     def signal(self, signum: int) -> None:
-        """Signal the worker's process group, and the job's processes outside it."""
+        """Signal the worker's process group, and the job's processes outside it. Where the
+        worker is a launcher whose ranks run in sessions of their own (torchrun's agent), the
+        ranks (and what they started) get it and the launcher does not: a rank stops, saves or
+        ignores a signal as the job's training process, while torchrun's agent would end its
+        ranks on any of them and report the stop as a failure of its own (a traceback)."""
         strays = _strays(self.pid, self.spare)
+        if signum not in _WHOLE_GROUP and any(environ_has(pid, RANK_MARK) for pid in strays):
+            for pid in strays:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signum)
+            self.sent.add(signum)
+            return
         try:
             os.killpg(self.pid, signum)
         except ProcessLookupError:

@@ -6,6 +6,8 @@
 --say TEXT              print TEXT first (a setup line: a warm worker's goes to its buffer)
 --hold-warm FILE        in a warm worker (FERRY_WARM set), wait while FILE exists: it cannot
                         reach its restore point before the test lets it (before --record-env)
+--linger FILE           at exit (after ferry's session closed: a stop is committed by then),
+                        wait while FILE exists: the job is still alive, and stopping
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def main() -> None:
     p.add_argument("--crash-once", default=None)
     p.add_argument("--say", default=None)
     p.add_argument("--hold-warm", default=None)
+    p.add_argument("--linger", default=None)
     hooks, rest = p.parse_known_args()
     if hooks.say:
         print(hooks.say, flush=True)
@@ -33,6 +36,15 @@ def main() -> None:
         give_up = time.monotonic() + 300  # a test that failed never lets it go
         while os.path.exists(hooks.hold_warm) and time.monotonic() < give_up:
             time.sleep(0.02)
+    if hooks.linger:
+        import atexit
+        import time
+
+        def linger(path: str = hooks.linger, give_up: float = time.monotonic() + 300) -> None:
+            while os.path.exists(path) and time.monotonic() < give_up:
+                time.sleep(0.02)
+
+        atexit.register(linger)
     if hooks.record_env:
         name, _, path = hooks.record_env.partition("=")
         with open(path, "a") as f:
