@@ -1,10 +1,11 @@
 """Keras 3 (torch backend) training made preemptible by ferry's callback.
 
     KERAS_BACKEND=torch FERRY_DIR=ckpts/keras python examples/keras_train.py
-    # kill -TERM <pid> mid-epoch: ferry checkpoints at the end of the batch and exits 85;
+    # kill -TERM <pid> mid-epoch: ferry checkpoints before the next step and exits 85;
     # run the same command again and it resumes exactly where it stopped.
 
-Keras gets its data from a torch DataLoader so that ferry can resume the data position.
+The data may be a torch DataLoader (as here), NumPy arrays or a keras.utils.PyDataset.
+Under `ferry run`, the same script without the callback is resumed exactly too.
 """
 
 from __future__ import annotations
@@ -29,8 +30,7 @@ def main() -> None:
         [keras.Input((20,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(1)]
     )
     model.compile(optimizer=keras.optimizers.AdamW(1e-3), loss="mse")
-    ferry_cb = FerryCallback(model, loader)  # after compile, right before fit
-    model.fit(loader, epochs=20, initial_epoch=ferry_cb.initial_epoch, callbacks=[ferry_cb], verbose=2)
+    model.fit(loader, epochs=20, callbacks=[FerryCallback()], verbose=2)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ EXIT_CHECKPOINTED = 85
 # (script, module it needs, step to interrupt at: mid-epoch, 12 steps an epoch)
 CASES = [
     ("int_lightning.py", "lightning", 17),
-    ("int_keras.py", "keras", 17),
     ("int_transformers.py", "transformers", 17),
 ]
 

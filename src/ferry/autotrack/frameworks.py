@@ -59,3 +59,12 @@ def _transformers() -> FrameworkSupport:
 
 
 KNOWN["transformers.trainer"] = _transformers
+
+
+def _keras() -> FrameworkSupport:
+    from ferry.integrations.keras_auto import SUPPORT
+
+    return SUPPORT
+
+
+KNOWN["keras"] = _keras

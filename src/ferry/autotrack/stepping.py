@@ -84,6 +84,10 @@ class Stepper:
         elif module is not self.root or not self._backward_seen:
             return None
         session = self.session()
+        if session.loop is not self.keeper:  # the script (or a framework's support) took to
+            self._optimizer_steps = True  # the explicit API since the model was adopted: its
+            self._stop_forward()  # own safe points are the only ones (ferry.step, Keras's fit)
+            return None
         self._backward_seen = False
         self.keeper.by, self.keeper.model = "forward", _model_name(module)
         if session.restore_at("forward"):

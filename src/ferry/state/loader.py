@@ -362,6 +362,17 @@ def _hooked_iter(original: Callable[[DataLoader[Any]], Iterator[Any]]) -> Callab
     return __iter__
 
 
+def iterate_untracked(loader: DataLoader[Any]) -> Iterator[Any]:
+    """``iter(loader)`` as torch makes it, never tracked: for a loader whose position a
+    framework's support keeps itself (the loaders Keras's ``fit`` draws from,
+    integrations/_keras_data.py), so that zero-code mode takes none of them for the loop's."""
+    _BUILDING.add(id(loader))
+    try:
+        return iter(loader)
+    finally:
+        _BUILDING.discard(id(loader))
+
+
 def hook_class(cls: type) -> None:
     """A stateful loader class with its own ``__iter__`` (StatefulDataLoader never calls
     DataLoader's): hook that one the same way, once per class."""
