@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The test suite as `make test` (full) and `make check` (the edit loop) run it.
-#   full:  ruff, import contracts and mypy --strict run beside the whole pytest suite (on
+#   full:  ruff, import contracts and mypy --strict run beside the suite but its long tier (on
 #          three pytest-xdist workers)
 #          (they need about one core for a minute; the tests spend much of their time
 #          waiting on the subprocesses they start), then the 20 slowest tests are listed.
-#   check: unit tests and the core integration tests (not marked slow), no static checks.
+#   check: unit tests and the core integration tests (neither slow nor long), no static checks.
+#   long:  the long tier alone (soaks, fuzzers, every framework lineage, many nodes):
+#          tests/conftest.py says which; about 25 minutes on 2 cores.
 # Extra arguments go to pytest. Exit status: non-zero if the tests or a static check failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,8 +20,12 @@ JOBS=${FERRY_TEST_JOBS:-3}
 PYTEST=("$BIN/python" -m pytest -q -n "$JOBS" --dist loadgroup --durations=20)
 
 if [[ $mode == check ]]; then
-    exec "${PYTEST[@]}" -m "not slow" "$@"
+    exec "${PYTEST[@]}" -m "not slow and not long" "$@"
 fi
+if [[ $mode == long ]]; then
+    exec "${PYTEST[@]}" -m long "$@"
+fi
+MARK=(-m "not long")
 
 static_log=$(mktemp)
 start=$SECONDS
@@ -33,7 +39,7 @@ start=$SECONDS
 static_pid=$!
 
 pytest_log=$(mktemp)
-"${PYTEST[@]}" "$@" 2>&1 | tee "$pytest_log"
+"${PYTEST[@]}" "${MARK[@]}" "$@" 2>&1 | tee "$pytest_log"
 tests_rc=${PIPESTATUS[0]}
 
 wait "$static_pid"
