@@ -95,6 +95,19 @@ def test_an_untouched_section_resumes_the_loop(
     assert capsys.readouterr().err == ""
 
 
+def test_zero_code_modes_extras_beside_the_frames_are_read_as_written(
+    saved: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The section as a session writes it holds zero-code mode's extras (the files the script
+    wrote, the library loops it ran in): the parser reads them as its own fields (a merge of
+    two branches once refused every zero-code checkpoint for them)."""
+    tree = copy.deepcopy(saved)
+    tree.update({"files": {}, "library_loops": []})
+    run = _resume(tree)
+    assert run.next == (1, 2, 7)
+    assert capsys.readouterr().err == ""
+
+
 def _set(path: str, value: object) -> Callable[[dict[str, Any]], None]:
     """A mutation: the field at ``path`` (keys and indexes from the loop's frame) := value."""
 

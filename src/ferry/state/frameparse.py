@@ -58,7 +58,9 @@ def parse(raw: object, where: str) -> Section | Legacy:
 
 
 def _section(raw: object) -> Section | Legacy:
-    d = _dict(raw, "", {"version", "by", "model", "python", "sampler", "frames"})
+    # "files" and "library_loops" are zero-code mode's extras (autotrack/extras.py), which
+    # check their own fields when they restore them
+    d = _dict(raw, "", {"version", "by", "model", "python", "sampler", "frames", "files", "library_loops"})
     by = d.get("by", "loader")
     if by not in BY:
         raise FrameStateError(".by", f"is {got(by)}, not one of {', '.join(BY)}")
