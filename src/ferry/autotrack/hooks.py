@@ -27,6 +27,7 @@ from ferry.autotrack.outputs import Outputs
 from ferry.errors import ConfigError, FerryError
 from ferry.runtime.procs import own_process
 from ferry.runtime.signals import SignalRequests
+from ferry.state.usercode import is_user_file
 
 log = logging.getLogger("ferry")
 _early_signals: SignalRequests | None = None
@@ -46,7 +47,7 @@ def _resuming() -> bool:
         return False
 
 
-_outputs = Outputs(lambda filename: _is_user_file(filename), _resuming)
+_outputs = Outputs(is_user_file, _resuming)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -198,7 +199,7 @@ def _install() -> None:
     global _stepper
     _stepper = Stepper(LoopKeeper(), _session)
     api.factory = _make
-    loader_identity.is_user_file = _is_user_file
+    loader_identity.is_user_file = is_user_file
     loader_identity.install_init_hook(loader.hook_class)  # a stateful loader's own __iter__
     loader.auto_track = _auto_track
     loader.install_iter_hook()
@@ -215,12 +216,6 @@ def after_import(module: str, callback: Callable[[], None]) -> None:
         callback()
     else:
         sys.meta_path.insert(0, _AfterImport(module, callback))
-
-
-def _is_user_file(filename: str) -> bool:
-    from ferry.state.usercode import is_user_file
-
-    return is_user_file(filename)
 
 
 def _stateful_class_hook(module: str, name: str) -> Callable[[], None]:
@@ -256,7 +251,7 @@ def _make() -> Any:
     current.discover = lambda: {**discover(), **stepper.found()}
     current.uncaptured = uncaptured_rngs
     current.loop = stepper.keeper
-    current.extras = Extras(_outputs, _is_user_file, frameworks.covers)
+    current.extras = Extras(_outputs, is_user_file, frameworks.covers)
     return current
 
 
