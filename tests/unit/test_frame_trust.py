@@ -176,14 +176,14 @@ REFUSED_BY_THE_LIVE_FRAME = [
         "`box`: holds a test_frame_trust.Box now, not a plain value",
         {"box": {"count": 0, "name": "box"}},
     ),
-    (_set("loops/0/at", 10**6), "loops[0] (range_iterator): position 1000000 is outside the 3 items", {}),
+    (_set("loops/0/at", 10**6), "loops[0] (range): 1000000 items left is more than the 2 it has now", {}),
     (_set("loops/1/at/inner/at", 10**6), "loops[1] (enumerate): position 1000000 is outside the 3 items", {}),
     (
         _set("loops/0/kind", "list_iterator"),
         "loops[0] (list_iterator): the loop iterates a range_iterator now",
         {},
     ),
-    (_set("loops/0/slot", 7), "loops[0] (range_iterator): no loop's iterator at stack slot 7", {}),
+    (_set("loops/0/slot", 7), "loops[0] (range): no loop's iterator at stack slot 7", {}),
 ]
 
 

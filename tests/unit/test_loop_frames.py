@@ -112,7 +112,7 @@ def test_the_section_holds_what_each_name_held() -> None:
     assert loader["tokens"].value.tolist() == (np.arange(10) * 2).tolist()
     assert loader["meter"].kind == "object" and loader["seen"].kind == "set"
     assert frame.values["results"].alias == frame.values["alias"].alias is not None
-    assert [lp.state.kind for lp in frame.loops] == ["range_iterator", "enumerate"]
+    assert [lp.state.kind for lp in frame.loops] == ["range", "enumerate"]
 
 
 def test_a_loop_over_enumerate_in_a_function_with_a_closure_over_its_arguments(

@@ -28,12 +28,13 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from ferry.autotrack import codeid, stack
+from ferry.autotrack import codeid, ranges, stack
 from ferry.autotrack.values import Problem, Values, Watched
 from ferry.state.framestate import (
     LOADER,
     MAX_POSITION,
     POSITIONED,
+    RANGE_LEFT,
     REVERSED,
     Entry,
     Enumerated,
@@ -150,10 +151,13 @@ def loop_state(it: Any) -> LoopState:
     kind = type(it).__name__
     if kind in _FERRY_ITERS:
         return LoopState(LOADER, None)
+    if kind in ranges.KINDS:
+        left = ranges.left(it)
+        return LoopState(RANGE_LEFT, left) if left <= MAX_POSITION else LoopState("?" + kind, None)
     if kind in POSITIONED or kind == REVERSED:
         reduced = it.__reduce__()
         at = int(reduced[2]) if len(reduced) > 2 else None
-        if at is not None and at > MAX_POSITION:  # a range beyond 2**62: its position is not kept
+        if at is not None and at > MAX_POSITION:  # beyond 2**62: its position is not kept
             return LoopState("?" + kind, None)
         return LoopState(kind, at)
     if kind == "enumerate":

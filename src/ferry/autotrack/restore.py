@@ -29,10 +29,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from ferry.autotrack import stack
+from ferry.autotrack import ranges, stack
 from ferry.autotrack.frames import is_module, names_of, where
 from ferry.autotrack.values import Digests, own_kind
-from ferry.state.framestate import LOADER, POSITIONED, REVERSED, Entry, Enumerated, Frame, LoopState
+from ferry.state.framestate import (
+    LOADER,
+    POSITIONED,
+    RANGE_LEFT,
+    REVERSED,
+    Entry,
+    Enumerated,
+    Frame,
+    LoopState,
+)
 
 _MISSING: Any = object()
 _KEEP: Any = object()
@@ -238,9 +247,13 @@ def _check(it: Any, state: LoopState) -> str | None:
             if kind in ("TrackedIter", "_FastForward")
             else f"the loop iterates a {kind} now, not a DataLoader"
         )
+    if state.kind == RANGE_LEFT:
+        return _check_range(it, state.at)
     if kind != state.kind:
         return f"the loop iterates a {kind} now, not a {state.kind}"
     at = state.at
+    if kind in ranges.KINDS and ranges.SKIPS:
+        return "its position was saved as an index, which this Python cannot set: the loop starts over"
     if kind in POSITIONED or kind == REVERSED:
         if not isinstance(at, int):
             return None if at is None else f"a {kind} has no such position"
@@ -261,9 +274,21 @@ def _check(it: Any, state: LoopState) -> str | None:
     return f"a {kind} whose position does not match the checkpoint's"
 
 
+def _check_range(it: Any, at: object) -> str | None:
+    kind = type(it).__name__
+    if kind not in ranges.KINDS:
+        return f"the loop iterates a {kind} now, not a range"
+    left = ranges.left(it)
+    if not isinstance(at, int) or not 0 <= at <= left:
+        return f"{at} items left is more than the {left} it has now, not written"
+    return None
+
+
 def _apply(it: Any, state: LoopState) -> str | None:
     kind, at = type(it).__name__, state.at
-    if (kind in POSITIONED or kind == REVERSED) and isinstance(at, int):
+    if state.kind == RANGE_LEFT and isinstance(at, int):
+        ranges.set_left(it, at)
+    elif (kind in POSITIONED or kind == REVERSED) and isinstance(at, int):
         it.__setstate__(at)
     elif kind == "enumerate" and isinstance(at, Enumerated):
         _apply(it.__reduce__()[1][0], at.inner)

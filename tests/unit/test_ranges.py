@@ -1,0 +1,87 @@
+"""A range loop's position is counted by the items it has left (autotrack/ranges.py), so that
+a resumed ``for step in range(n)`` goes on where it stopped on every CPython: 3.12 and later
+no longer tell a range iterator's index and their ``__setstate__`` skips from where it is (a
+zero-code job of 3.12 crashed at its first safe point on ``int(None)`` before)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ferry.autotrack import ranges
+from ferry.autotrack.frames import loop_state
+from ferry.state.framestate import RANGE_LEFT, LoopState
+
+RANGES = [range(10), range(5, 50, 7), range(20, 0, -3), range(2**70, 2**70 + 10)]
+
+CHECK = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("ranges", sys.argv[1])
+ranges = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ranges)
+for r in (range(10), range(5, 50, 7), range(20, 0, -3), range(2**70, 2**70 + 10)):
+    for stop_at in range(len(r)):
+        saved = iter(r)
+        for _ in range(stop_at + 1):
+            next(saved)
+        resumed = iter(r)
+        next(resumed)  # the resumed loop has taken its first item when it is positioned
+        ranges.set_left(resumed, ranges.left(saved))
+        assert list(resumed) == list(saved), (r, stop_at)
+print("ok", ranges.SKIPS)
+"""
+
+
+def _resume_at(r: range, stop_at: int) -> tuple[list[int], list[int]]:
+    saved: Any = iter(r)
+    for _ in range(stop_at + 1):
+        next(saved)
+    resumed: Any = iter(r)
+    next(resumed)
+    ranges.set_left(resumed, ranges.left(saved))
+    return list(resumed), list(saved)
+
+
+@pytest.mark.parametrize("r", RANGES, ids=str)
+def test_a_resumed_range_goes_on_after_the_item_it_stopped_at(r: range) -> None:
+    for stop_at in range(len(r)):
+        got, want = _resume_at(r, stop_at)
+        assert got == want
+
+
+def test_a_range_is_captured_by_what_it_has_left_and_never_moved_back() -> None:
+    it: Any = iter(range(100))
+    for _ in range(30):
+        next(it)
+    assert loop_state(it) == LoopState(RANGE_LEFT, 70)
+    with pytest.raises(ValueError, match="cannot go back"):
+        ranges.set_left(it, 71)
+
+
+def _other_pythons() -> list[str]:
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    found = {}
+    patterns = ["/usr/bin/python3.1[0-9]", "/usr/local/bin/python3.1[0-9]",
+                os.path.expanduser("~/.pyenv/versions/3.1[0-9]*/bin/python3")]  # fmt: skip
+    for path in sorted(p for pattern in patterns for p in glob.glob(pattern)):
+        version = subprocess.run([path, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                 capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
+        if version and version != here:
+            found.setdefault(version, path)
+    return list(found.values())
+
+
+def test_the_same_holds_under_every_other_cpython_on_this_machine() -> None:
+    pythons = _other_pythons()
+    if not pythons:
+        pytest.skip("no other CPython (3.10 to 3.19) on this machine to check autotrack/ranges.py under")
+    source = str(Path(ranges.__file__))
+    for python in pythons:
+        out = subprocess.run([python, "-c", CHECK, source], capture_output=True, text=True, check=False)
+        assert out.returncode == 0 and out.stdout.startswith("ok"), (python, out.stdout, out.stderr)
