@@ -26,12 +26,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 from pathlib import Path
 from typing import Any
+
+from jobrun import ferry_command, run_job_process
 
 WORKLOAD = r"""
 import json, sys, time, torch
@@ -74,10 +75,10 @@ def run_row(
     row: str, r: int, script: str, steps: int, tmp: str, env: dict[str, str], rate: float
 ) -> dict[str, Any]:
     """One run of ``row``: the script's step times, and the saves its worker reported."""
-    ferry = str(Path(sys.executable).parent / "ferry")
+    ferry = ferry_command()
     job = f"{row}-{r}"
     options = {"every_50_steps": ["--every-steps", "50"], "every_second": ["--every-seconds", "1"]}
-    prefix = [] if row == "plain" else [ferry, "run", "--dir", os.path.join(tmp, job), "--job-id", job,
+    prefix = [] if row == "plain" else [*ferry, "run", "--dir", os.path.join(tmp, job), "--job-id", job,
                                         *options.get(row, []), "--"]  # fmt: skip
     stop = threading.Event()
     asker = None
@@ -85,8 +86,7 @@ def run_row(
         asker = threading.Thread(target=_ask, args=(job, rate, stop, env), daemon=True)
         asker.start()
     try:
-        out = subprocess.run([*prefix, sys.executable, script, str(steps)], env=env, check=True,
-                             capture_output=True, text=True)  # fmt: skip
+        out = run_job_process([*prefix, sys.executable, script, str(steps)], env)
     finally:
         stop.set()
         if asker is not None:

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from jobrun import ferry_command, run_job_process
 
 WORKLOAD = r"""
 import json, math, sys, time, torch
@@ -55,13 +56,13 @@ GOALS = {"ratio_100": 1.5, "beyond_1_ms": 5.0}
 
 
 def run_job(size_mib: int, r: int, args: argparse.Namespace, tmp: str, script: str) -> dict[str, Any]:
-    ferry = str(Path(sys.executable).parent / "ferry")
+    ferry = ferry_command()
     job = f"s{size_mib}-{r}"
     env = dict(os.environ, FERRY_HOME=os.path.join(tmp, "home"), OMP_NUM_THREADS="1")
-    cmd = [ferry, "run", "--dir", os.path.join(tmp, job), "--job-id", job, "--keep-last", "1",
+    cmd = [*ferry, "run", "--dir", os.path.join(tmp, job), "--job-id", job, "--keep-last", "1",
            "--every-steps", str(args.every), "--", sys.executable, script,
            str(size_mib << 20), str(args.steps)]  # fmt: skip
-    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+    out = run_job_process(cmd, env)
     timing = json.loads(out.stdout.strip().splitlines()[-1])
     os.environ["FERRY_HOME"] = env["FERRY_HOME"]
     from ferry.runtime.jobdir import JobDir
