@@ -113,12 +113,16 @@ def pinned_staging() -> bool:
     if not torch.cuda.is_available():
         return False
     stager = DefaultStager(_staging_options(True))
-    try:
-        stager.stage({"probe": torch.zeros(4)})
+    folder = tempfile.mkdtemp(prefix="ferry-peers-probe-")
+    try:  # the very call the rounds make, on a tiny state
+        probe = {"probe": torch.zeros(4)}
+        future = dcp.async_save(probe, checkpoint_id=folder, no_dist=True, async_stager=stager)
+        future.result()  # type: ignore[union-attr]
     except Exception:  # any failure of the probe means: not on this build
         return False
     finally:
         stager.close()
+        shutil.rmtree(folder, ignore_errors=True)
     return True
 
 
