@@ -9,10 +9,14 @@ one) would stay. So ferry follows the script's files through Python's ``open`` a
   script's file objects in the loop's frames are flushed, and a hash of its last bytes;
 - in the resumed process, a file the script opens for writing before the restore point is
   copied aside first (its content from the stopped run), if a checkpoint is to be resumed;
-- at the restore point, each recorded file gets back its content at the checkpoint, the
-  first ``size`` bytes of what the stopped run left, when its last bytes hash as recorded;
-  the script's file objects are moved to its end. What cannot be put back is said, once,
-  naming the file.
+- at the restore point, each recorded file the resumed script has opened for writing gets
+  back its content at the checkpoint, the first ``size`` bytes of what the stopped run left,
+  when its last bytes hash as recorded; the script's file objects are moved to its end. A
+  recorded file the script opens later is rolled back as it opens it (its per-epoch CSV).
+  What cannot be put back is said, once, naming the file.
+
+A checkpoint's records are untrusted: ferry only ever shortens a file that the resumed
+script itself opens for writing, never one a record merely names.
 """
 
 from __future__ import annotations
@@ -70,6 +74,9 @@ class Outputs:
         """Files opened for writing before the restore point: path -> a copy of what the
         stopped run left (None: there was nothing, or too much, to copy)."""
         self.restored = False
+        self.pending: dict[str, tuple[int, str]] = {}
+        """Recorded files the resumed script had not opened at the restore point: rolled
+        back when it opens them (path -> size, tail hash)."""
         self._resuming: bool | None = None
 
     def watch(self) -> None:
@@ -88,6 +95,10 @@ class Outputs:
             return
         path = os.path.abspath(path)
         self.opened.setdefault(path, mode if isinstance(mode, str) else "os.open")
+        if self.restored and path in self.pending:
+            size, tail = self.pending.pop(path)
+            with contextlib.suppress(OSError):
+                self._restore_one(path, size, tail, [])
         if not self.restored and path not in self.aside and self._is_resuming():
             self.aside[path] = _copy_aside(path)
 
@@ -124,9 +135,12 @@ class Outputs:
         for f in objects:
             with contextlib.suppress(OSError, ValueError):
                 f.flush()
-        for path, record in records.items():
+        for path, record in list(records.items())[:_MAX_FILES]:
             size, tail = _record(record)
             if not isinstance(path, str) or size is None:
+                continue
+            if path not in self.opened:  # not (yet) a file of this run: never touched before
+                self.pending[path] = (size, tail)
                 continue
             problem = self._restore_one(path, size, tail, objects)
             if problem is not None:

@@ -1,0 +1,58 @@
+"""A checkpoint's file records are untrusted (autotrack/outputs.py): ferry shortens only the
+files the resumed script itself opens for writing, and those it opens after the restore point
+as it opens them. A record that names any other file (a crafted checkpoint that knows a
+file's bytes) leaves that file alone; before, it was truncated at the restore point."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import xxhash
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from ferry.autotrack.outputs import Outputs
+
+    victim, later, before, records = sys.argv[1], sys.argv[2], sys.argv[3], eval(sys.argv[4])
+    outputs = Outputs(lambda filename: filename == __file__, lambda: True)
+    outputs.watch()
+    log = open(before, "a")  # opened by the script before the restore point
+    problems = outputs.restore(records)
+    log.write("again\\n")
+    log.close()
+    with open(later, "a") as f:  # opened after the restore point: rolled back as it opens
+        f.write("row2b\\n")
+    print(problems)
+    """
+)
+
+
+def _tail(data: bytes) -> str:
+    return xxhash.xxh64_hexdigest(data[-4096:])
+
+
+def test_only_the_files_the_resumed_script_opens_are_rolled_back(tmp_path: Path) -> None:
+    victim, later, before = tmp_path / "victim.txt", tmp_path / "later.csv", tmp_path / "before.log"
+    victim.write_bytes(b"A" * 100 + b"B" * 50)
+    later.write_bytes(b"row1\nrow2\n")  # row2: written after the checkpoint by the stopped run
+    before.write_bytes(b"line1\nline2\n")
+    records = {
+        str(victim): {"size": 100, "tail": _tail(b"A" * 100)},
+        str(later): {"size": 5, "tail": _tail(b"row1\n")},
+        str(before): {"size": 6, "tail": _tail(b"line1\n")},
+    }
+    script = tmp_path / "resumed.py"
+    script.write_text(SCRIPT)
+    out = subprocess.run(
+        [sys.executable, str(script), str(victim), str(later), str(before), repr(records)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    assert victim.read_bytes() == b"A" * 100 + b"B" * 50  # named by a record only: untouched
+    assert later.read_bytes() == b"row1\nrow2b\n"
+    assert before.read_bytes() == b"line1\nagain\n"
