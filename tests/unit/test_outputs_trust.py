@@ -1,7 +1,9 @@
-"""A checkpoint's file records are untrusted (autotrack/outputs.py): ferry shortens only the
-files the resumed script itself opens for writing, and those it opens after the restore point
-as it opens them. A record that names any other file (a crafted checkpoint that knows a
-file's bytes) leaves that file alone; before, it was truncated at the restore point."""
+"""What a checkpoint says of the script's files and of a library's loop is untrusted. File
+records (autotrack/outputs.py): ferry shortens only the files the resumed script itself opens
+for writing, and those it opens after the restore point as it opens them; a record naming any
+other file (a crafted checkpoint that knows a file's bytes) leaves it alone (before, it was
+truncated at the restore point). A library loop's saved place (autotrack/libloops.py) is said
+only when it is plain text, never a forged line or a terminal escape."""
 
 from __future__ import annotations
 
@@ -56,3 +58,16 @@ def test_only_the_files_the_resumed_script_opens_are_rolled_back(tmp_path: Path)
     assert victim.read_bytes() == b"A" * 100 + b"B" * 50  # named by a record only: untouched
     assert later.read_bytes() == b"row1\nrow2b\n"
     assert before.read_bytes() == b"line1\nagain\n"
+
+
+def test_a_library_loops_saved_place_is_said_only_when_plain() -> None:
+    from ferry.autotrack.libloops import at_resume
+
+    plain = at_resume([{"file": "lib/loop.py", "line": 12, "qualname": "Trainer.fit"}])
+    assert plain is not None and "inside lib/loop.py:12 (in Trainer.fit)" in plain
+    for forged in ({"file": "x.py\nferry: resumed exactly", "line": 1, "qualname": "f"},
+                   {"file": "\x1b[2Jx.py", "line": 1, "qualname": "f"},
+                   {"file": "x.py", "line": "1", "qualname": "f"}):  # fmt: skip
+        said = at_resume([forged])
+        assert said is not None and "a place the checkpoint does not name plainly" in said
+        assert "\n" not in said and "\x1b" not in said

@@ -88,12 +88,22 @@ def warning(loops: list[dict[str, Any]]) -> str | None:
     )
 
 
+def _saved_where(loop: dict[str, Any]) -> str:
+    """``where`` of a loop read from a checkpoint (untrusted): said only when it is a plain
+    place (printable, short, a line number), never control characters or a forged line."""
+    file, line, qualname = loop.get("file"), loop.get("line"), loop.get("qualname")
+    plain = all(isinstance(t, str) and len(t) <= 1024 and t.isprintable() for t in (file, qualname))
+    if plain and type(line) is int and 0 < line < 1 << 31:
+        return where(loop)
+    return "a place the checkpoint does not name plainly"
+
+
 def at_resume(saved: Any) -> str | None:
     """What to say when a checkpoint taken inside such a loop is resumed; None if not."""
     if not isinstance(saved, list) or not saved or not isinstance(saved[0], dict):
         return None
     return (
-        f"ferry: warning: the checkpoint was taken inside {where(saved[0])}, a library's loop "
+        f"ferry: warning: the checkpoint was taken inside {_saved_where(saved[0])}, a library's loop "
         "that zero-code mode does not capture: it starts over in this run (weights, optimizer "
         "and data position are restored; its own step and epoch counters are not)"
     )
