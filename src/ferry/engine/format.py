@@ -2,7 +2,7 @@
 
 Nothing here can execute code on load: the tree is JSON with a closed set of tags, and
 dtypes come from a fixed table. See docs/format.md. The torch-free half (names, the
-checksum, decoding the tree) is wire.py: this module adds torch's side of it.
+checksum, decoding the tree) is ferry/format/wire.py: this module adds torch's side of it.
 """
 
 from __future__ import annotations
@@ -18,19 +18,19 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 
-from ferry.engine import wire
-from ferry.engine.wire import ALIGN as ALIGN
-from ferry.engine.wire import FORMAT_NAME as FORMAT_NAME
-from ferry.engine.wire import FORMAT_VERSION as FORMAT_VERSION
-from ferry.engine.wire import NUMPY_KINDS, Leaves
-from ferry.engine.wire import manifest_bytes as manifest_bytes
-from ferry.engine.wire import manifest_checksum as manifest_checksum
-from ferry.engine.wire import safe_np_dtype as safe_np_dtype
 from ferry.errors import UnsafeCheckpointError, UnsupportedStateError
+from ferry.format import wire
+from ferry.format.wire import ALIGN as ALIGN
+from ferry.format.wire import FORMAT_NAME as FORMAT_NAME
+from ferry.format.wire import FORMAT_VERSION as FORMAT_VERSION
+from ferry.format.wire import NUMPY_KINDS, Leaves
+from ferry.format.wire import manifest_bytes as manifest_bytes
+from ferry.format.wire import manifest_checksum as manifest_checksum
+from ferry.format.wire import safe_np_dtype as safe_np_dtype
 from ferry.knobs import WRITE_SMALL_BYTES
 
 if TYPE_CHECKING:  # manifest.py builds on this module
-    from ferry.engine.manifest import TensorRecord
+    from ferry.format.manifest import TensorRecord
 
 
 TORCH_DTYPES: dict[str, torch.dtype] = {

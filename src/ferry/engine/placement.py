@@ -25,9 +25,9 @@ from typing import Any
 import torch
 
 from ferry.engine.format import ALIGN, torch_dtype
-from ferry.engine.integrity import CHUNK
-from ferry.engine.manifest import TensorRecord
 from ferry.engine.snapshot import byte_view, tensor_bytes
+from ferry.format.integrity import CHUNK
+from ferry.format.manifest import TensorRecord
 
 DIRECT_MIN = 256 << 10
 """Tensors below this are read through the bounce buffers: not worth a read call each."""

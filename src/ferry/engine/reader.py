@@ -17,12 +17,12 @@ from typing import Any
 import torch
 
 from ferry.engine.format import DTYPE_NAMES, TORCH_LEAVES, is_stateful, safe_np_dtype, torch_dtype
-from ferry.engine.integrity import chunks, open_checked, stream_file
-from ferry.engine.integrity import read_manifest as read_manifest
-from ferry.engine.integrity import verify as verify
-from ferry.engine.manifest import FileEntry, Manifest, TensorRecord, decode_tree
 from ferry.engine.placement import DIRECT_MIN, Bounce, Owner, plan_file
 from ferry.engine.snapshot import byte_view
+from ferry.format.integrity import chunks, open_checked, stream_file
+from ferry.format.integrity import read_manifest as read_manifest
+from ferry.format.integrity import verify as verify
+from ferry.format.manifest import FileEntry, Manifest, TensorRecord, decode_tree
 from ferry.storage import Storage
 
 
