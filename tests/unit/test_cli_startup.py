@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ferry.engine import save
-from ferry.engine.format import TORCH_DTYPES
+from ferry.engine.codec import TORCH_DTYPES
 from ferry.format.wire import TORCH_ITEMSIZES
 
 FERRY = [sys.executable, "-c", "from ferry.cli import main; main()"]

@@ -19,11 +19,10 @@ import torch
 import xxhash
 
 from ferry.engine import AsyncSaver, list_checkpoints, load, read_manifest, save, verify
-from ferry.engine.format import manifest_checksum
 from ferry.engine.runs import LONGEST as RUN_LONGEST
 from ferry.engine.snapshot import PACK_BYTES, PACK_MAX
 from ferry.errors import CorruptCheckpointError, UnsafeCheckpointError
-from ferry.format.wire import written_checksum
+from ferry.format.wire import manifest_checksum, written_checksum
 from ferry.storage import open_storage
 
 

@@ -9,7 +9,7 @@ checkpoint runs code when it is loaded. Here instead, in the ``dcp/`` folder:
 
     metadata.json   rank 0: the description (format/dcpdesc.py), JSON with a checksum
     shards-R.bin    rank R: its chunks, raw bytes, and its plain values (an optimizer's
-                    lr, betas, ...) in ferry's wire format (JSON with format.py's tags)
+                    lr, betas, ...) in ferry's wire format (JSON with wire.py's tags)
 
 and ferry's manifest lists and checksums each of them. The calls, in DCP's order, by rank:
 
@@ -56,8 +56,8 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from ferry.engine import dcpmeta
+from ferry.engine.codec import DTYPE_NAMES, flatten, unflatten
 from ferry.engine.dcpmeta import Stored
-from ferry.engine.format import DTYPE_NAMES, flatten, unflatten
 from ferry.errors import CorruptCheckpointError, FerryError, UnsafeCheckpointError, UnsupportedStateError
 from ferry.format.dcpdesc import METADATA, shards_file
 from ferry.format.integrity import MAX_MANIFEST
@@ -82,7 +82,7 @@ def encode_value(value: object, fqn: str) -> bytes:
 
 
 def decode_value(data: bytes, where: str) -> object:
-    """What ``encode_value`` wrote, checked as a manifest's tree is: JSON and format.py's
+    """What ``encode_value`` wrote, checked as a manifest's tree is: JSON and wire.py's
     closed set of tags, never a pickle."""
     try:
         tree = json.loads(data)

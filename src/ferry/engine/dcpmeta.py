@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from ferry.engine.format import DTYPE_NAMES, torch_dtype
+from ferry.engine.codec import DTYPE_NAMES, torch_dtype
 from ferry.errors import CorruptCheckpointError, FerryError
 from ferry.format import dcpdesc
 from ferry.format.dcpdesc import ChunkDoc, EntryDoc

@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 
-from ferry.engine.format import ALIGN, torch_dtype
+from ferry.engine.codec import torch_dtype
 from ferry.engine.snapshot import byte_view, tensor_bytes
 from ferry.format.integrity import CHUNK
 from ferry.format.manifest import TensorRecord
+from ferry.format.wire import ALIGN
 
 DIRECT_MIN = 256 << 10
 """Tensors below this are read through the bounce buffers: not worth a read call each."""

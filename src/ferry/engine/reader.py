@@ -16,13 +16,14 @@ from typing import Any
 
 import torch
 
-from ferry.engine.format import DTYPE_NAMES, TORCH_LEAVES, is_stateful, safe_np_dtype, torch_dtype
+from ferry.engine.codec import DTYPE_NAMES, TORCH_LEAVES, is_stateful, torch_dtype
 from ferry.engine.placement import DIRECT_MIN, Bounce, Owner, plan_file
 from ferry.engine.snapshot import byte_view
 from ferry.format.integrity import chunks, open_checked, stream_file
 from ferry.format.integrity import read_manifest as read_manifest
 from ferry.format.integrity import verify as verify
 from ferry.format.manifest import FileEntry, Manifest, TensorRecord, decode_tree
+from ferry.format.wire import safe_np_dtype
 from ferry.storage import Storage
 
 

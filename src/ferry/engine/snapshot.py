@@ -22,11 +22,12 @@ from typing import TypeGuard
 import numpy as np
 import torch
 
+from ferry.engine.codec import Flattened, TensorEntry, layout, torch_dtype
 from ferry.engine.deferred import Deferred
-from ferry.engine.format import ALIGN, Flattened, TensorEntry, layout, torch_dtype
 from ferry.engine.probe import Probe
 from ferry.engine.runs import copy_run, run_end
 from ferry.errors import bug
+from ferry.format.wire import ALIGN
 from ferry.knobs import WRITE_BOUNCE_BYTES, WRITE_SMALL_BYTES
 from ferry.storage.pools import submit
 

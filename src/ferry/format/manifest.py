@@ -46,7 +46,7 @@ class TensorRecord(TypedDict):
     """Where tensor ``i`` of the tree lies, and what it is."""
 
     dtype: str
-    """A name from engine/format.TORCH_DTYPES (torch), or numpy's dtype string (numpy)."""
+    """A name from engine/codec.TORCH_DTYPES (torch), or numpy's dtype string (numpy)."""
     shape: list[int]
     nbytes: int
     kind: Literal["torch", "numpy"]
@@ -356,7 +356,7 @@ def check_tensors(tensors: list[TensorRecord], files: Mapping[str, FileEntry], w
 def decode_tree(doc: Manifest | Part, arrays: Sequence[object], where: str, leaves: Leaves = CHECK) -> Any:
     """The state tree of ``doc`` with tensor ``i`` replaced by ``arrays[i]``; a malformed
     tree is a CorruptCheckpointError, an unsafe one an UnsafeCheckpointError. ``leaves``:
-    CHECK only checks dtypes and devices (no torch); a load gives engine/format.TORCH_LEAVES."""
+    CHECK only checks dtypes and devices (no torch); a load gives engine/codec.TORCH_LEAVES."""
     try:
         return unflatten(doc["tree"], arrays, leaves)
     except CorruptCheckpointError:

@@ -3,7 +3,7 @@ and the decoding of the state tree.
 
 ``ferry inspect`` and ``ferry verify`` read manifests and checksums only; keeping this
 module (and manifest.py, integrity.py) free of torch lets them start in a tenth of a second.
-engine/format.py builds on it with the torch half: encoding, and the leaves that are torch values.
+engine/codec.py builds on it with the torch half: encoding, and the leaves that are torch values.
 numpy is imported only when a manifest names a numpy dtype.
 """
 
@@ -34,7 +34,7 @@ TORCH_ITEMSIZES: dict[str, int] = {
     "uint16": 2, "uint32": 4, "uint64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1,
 }  # fmt: skip
 """Every torch dtype the format names, with its size in bytes (a unit test checks them
-against torch). A name this torch lacks is refused when loading, by engine/format.torch_dtype."""
+against torch). A name this torch lacks is refused when loading, by engine/codec.torch_dtype."""
 NUMPY_KINDS = set("biufc")  # bool, int, uint, float, complex: no object or void dtypes
 
 
@@ -76,7 +76,7 @@ def safe_np_dtype(name: object) -> np.dtype[Any]:
 class Leaves:
     """What the tags that stand for library values decode to. ``CHECK`` only checks them
     (names stay names): a manifest is checked whole without torch; loading decodes them
-    into torch dtypes and devices and numpy scalars (engine/format.TORCH_LEAVES)."""
+    into torch dtypes and devices and numpy scalars (engine/codec.TORCH_LEAVES)."""
 
     dtype: Callable[[object], object]
     device: Callable[[object], object]
@@ -231,7 +231,7 @@ def manifest_checksum(body: Mapping[str, object]) -> str:
 
 class RawJSON(str):
     """JSON text that ``manifest_bytes`` writes as it is: a field its writer encoded itself,
-    exactly as ``json.dumps(value, separators=(",", ":"))`` would (engine/format.entries_json).
+    exactly as ``json.dumps(value, separators=(",", ":"))`` would (engine/codec.entries_json).
     Only for writing: a manifest read back holds the decoded values."""
 
 
@@ -252,7 +252,7 @@ def manifest_bytes(body: Mapping[str, object]) -> bytes:
     without its line breaks (``written_checksum``), and reading it needs no second
     serialization. Encoding runs in json's C encoder (``indent`` would take its Python one:
     a manifest of 20,000 tensors took half a second). A ``RawJSON`` value is written as it
-    is (the tensor table, which engine/format.entries_json formats in a third of json's time)."""
+    is (the tensor table, which engine/codec.entries_json formats in a third of json's time)."""
     compact = (",", ":")
     hasher = xxhash.xxh3_64()
     shown: list[bytes] = []
