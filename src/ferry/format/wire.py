@@ -157,15 +157,25 @@ def unflatten(tree: object, arrays: Sequence[object], leaves: Leaves = CHECK) ->
     if "\0__" in "\0" + "\0".join(tree):
         tag = next((k for k in tree if k.startswith("__")), None)
     if tag is None:
-        out = {}
-        count, get = len(arrays), arrays.__getitem__
-        for k, x in tree.items():
-            # A tensor's tag, the commonest node of a big state by far, without another call.
-            if type(x) is dict and len(x) == 1 and type(at := x.get("__tensor__")) is int and 0 <= at < count:
-                out[k] = get(at)
-            else:
-                out[k] = unflatten(x, arrays, leaves)
-        return out
+        return _plain_dict(tree, arrays, leaves)
+    return _tagged(tag, tree, arrays, leaves)
+
+
+def _plain_dict(tree: dict[str, Any], arrays: Sequence[object], leaves: Leaves) -> dict[str, Any]:
+    """A skeleton object with no tag: a dict of its keys' decoded values."""
+    out = {}
+    count, get = len(arrays), arrays.__getitem__
+    for k, x in tree.items():
+        # A tensor's tag, the commonest node of a big state by far, without another call.
+        if type(x) is dict and len(x) == 1 and type(at := x.get("__tensor__")) is int and 0 <= at < count:
+            out[k] = get(at)
+        else:
+            out[k] = unflatten(x, arrays, leaves)
+    return out
+
+
+def _tagged(tag: str, tree: dict[str, Any], arrays: Sequence[object], leaves: Leaves) -> Any:
+    """The value a tagged object (``{"__tuple__": [...]}``) stands for, its keys checked."""
     if tag not in _TAGS:
         raise UnsafeCheckpointError(
             f"checkpoint manifest uses unknown tag {tag!r}; ferry loads only plain values and "
@@ -185,12 +195,7 @@ def unflatten(tree: object, arrays: Sequence[object], leaves: Leaves = CHECK) ->
     if tag == "__npscalar__":
         return leaves.npscalar(val, unflatten(tree["value"], arrays, leaves))
     if tag == "__bytes__":
-        if not isinstance(val, str):
-            raise UnsafeCheckpointError(f"bytes in manifest are not base64 text: {short(val)}")
-        try:
-            return base64.b64decode(val, validate=True)
-        except ValueError:
-            raise UnsafeCheckpointError(f"bytes in manifest are not base64 text: {short(val)}") from None
+        return _bytes(val)
     if tag == "__dict__":
         if not isinstance(val, list) or not all(isinstance(p, list) and len(p) == 2 for p in val):
             raise UnsafeCheckpointError("a __dict__ in the manifest is not a list of [key, value] pairs")
@@ -206,6 +211,16 @@ def unflatten(tree: object, arrays: Sequence[object], leaves: Leaves = CHECK) ->
     if not isinstance(val, str):  # __stateful__: a type name, a label only
         raise UnsafeCheckpointError(f"a __stateful__ type name in the manifest is not a string: {short(val)}")
     return unflatten(tree["state"], arrays, leaves)  # its state dict
+
+
+def _bytes(val: object) -> bytes:
+    """The bytes a ``__bytes__`` tag holds as base64 text."""
+    if not isinstance(val, str):
+        raise UnsafeCheckpointError(f"bytes in manifest are not base64 text: {short(val)}")
+    try:
+        return base64.b64decode(val, validate=True)
+    except ValueError:
+        raise UnsafeCheckpointError(f"bytes in manifest are not base64 text: {short(val)}") from None
 
 
 def _tensor_tag(node: object, count: int) -> int:
