@@ -201,7 +201,7 @@ def snapshot(
     host_np = host.numpy()
     base = host.data_ptr()
     jobs: list[tuple[np.ndarray, np.ndarray]] = []
-    later = _Later(defer) if defer else None
+    later = _DeferredCopies(defer) if defer else None
     entries, arrays = flat.entries, flat.arrays
     pos, i, n = 0, 0, len(entries)
     while i < n:
@@ -244,8 +244,9 @@ def snapshot(
     return host, size, None if later is None else later.start()
 
 
-class _Later:
-    """The deferred part of one snapshot, gathered while the rest is copied."""
+class _DeferredCopies:
+    """The copies of one snapshot deferred past its return (``overlap_snapshot``): gathered
+    while the rest is copied, then started on the copy threads and side streams."""
 
     def __init__(self, defer: Mapping[int, object]) -> None:
         self.defer = defer
