@@ -137,7 +137,7 @@ def read_arrays(
     targets: dict[int, torch.Tensor] | None = None,
 ) -> list[Any]:
     """Read and verify ``files`` of checkpoint ``name``: the arrays of ``entries`` (checked
-    by ``engine.manifest``), each in memory of its own (``engine.placement``); those in
+    by ``format.manifest``), each in memory of its own (``engine.placement``); those in
     ``targets`` are read straight into those live tensors."""
     targets = targets or {}
     bounce = Bounce()
