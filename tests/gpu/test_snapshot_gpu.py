@@ -15,8 +15,8 @@ from torch import nn
 from ferry.engine import list_checkpoints, load
 from ferry.engine import snapshot as snapshot_module
 from ferry.engine.asyncsave import AsyncSaver
+from ferry.engine.codec import flatten
 from ferry.engine.deferred import OverlapBroken
-from ferry.engine.format import flatten
 from ferry.engine.snapshot import HostBuffer, snapshot
 from ferry.session.overlap import Overlap
 from ferry.storage import open_storage

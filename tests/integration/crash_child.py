@@ -70,7 +70,7 @@ def advance(state: dict[str, Any], step: int) -> None:
 
 def data_size() -> int:
     """Bytes of the data file of one checkpoint (the same for every step)."""
-    from ferry.engine.format import flatten, layout
+    from ferry.engine.codec import flatten, layout
 
     return layout(flatten(make_state(0)).entries)
 

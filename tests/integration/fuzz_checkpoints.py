@@ -45,8 +45,9 @@ from torch import nn
 
 import ferry
 from ferry.cli import main as cli_main
-from ferry.engine.format import TORCH_DTYPES, manifest_checksum
+from ferry.engine.codec import TORCH_DTYPES
 from ferry.errors import FerryError
+from ferry.format.wire import manifest_checksum
 
 torch.set_num_threads(1)
 logging.getLogger("ferry").setLevel(logging.CRITICAL)

@@ -48,8 +48,8 @@ from fuzz_frames_mutations import KINDS
 
 from ferry.autotrack import keeper as keeper_module
 from ferry.autotrack.keeper import LoopKeeper
-from ferry.engine.format import manifest_checksum
 from ferry.errors import CorruptCheckpointError
+from ferry.format.wire import manifest_checksum
 from ferry.state import frameparse, usercode
 from ferry.state.framestate import Section
 

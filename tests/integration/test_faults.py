@@ -26,8 +26,8 @@ from click.testing import CliRunner
 
 from ferry.cli import main as cli
 from ferry.engine import AsyncSaver, list_checkpoints, load, save, verify
-from ferry.engine.format import manifest_bytes
 from ferry.errors import CorruptCheckpointError, StorageError, UnsafeCheckpointError
+from ferry.format.wire import manifest_bytes
 from ferry.storage import open_storage
 
 pytestmark = pytest.mark.integration

@@ -20,7 +20,7 @@ from click.testing import CliRunner, Result
 
 from ferry.cli import main
 from ferry.engine import apply_retention, list_checkpoints, load, save, verify
-from ferry.engine.format import flatten
+from ferry.engine.codec import flatten
 from ferry.engine.persist import persist
 from ferry.engine.snapshot import HostBuffer, byte_view, snapshot
 from ferry.errors import CorruptCheckpointError, FerryError

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from ferry.engine import save
-from ferry.engine.format import TORCH_DTYPES
-from ferry.engine.wire import TORCH_ITEMSIZES
+from ferry.engine.codec import TORCH_DTYPES
+from ferry.format.wire import TORCH_ITEMSIZES
 
 FERRY = [sys.executable, "-c", "from ferry.cli import main; main()"]
 PROBE = (

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from ferry.engine import AsyncSaver, apply_retention, list_checkpoints, load, save, verify
-from ferry.engine.format import entries_json, flatten, layout, unflatten
+from ferry.engine.codec import entries_json, flatten, layout, unflatten
 from ferry.errors import (
     ConfigError,
     StorageError,

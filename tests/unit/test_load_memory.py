@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ferry.engine import load, save
-from ferry.engine.format import manifest_bytes
+from ferry.format.wire import manifest_bytes
 
 
 def small_tensors(count: int, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from ferry.engine.format import manifest_bytes
-from ferry.engine.manifest import Manifest, decode_manifest, parse_manifest, parse_part
 from ferry.errors import CorruptCheckpointError, UnsafeCheckpointError
+from ferry.format.manifest import Manifest, decode_manifest, parse_manifest, parse_part
+from ferry.format.wire import manifest_bytes
 
 WHERE = "file:///ck/step-000000000007"
 

@@ -19,11 +19,10 @@ import torch
 import xxhash
 
 from ferry.engine import AsyncSaver, list_checkpoints, load, read_manifest, save, verify
-from ferry.engine.format import manifest_checksum
 from ferry.engine.runs import LONGEST as RUN_LONGEST
 from ferry.engine.snapshot import PACK_BYTES, PACK_MAX
-from ferry.engine.wire import written_checksum
 from ferry.errors import CorruptCheckpointError, UnsafeCheckpointError
+from ferry.format.wire import manifest_checksum, written_checksum
 from ferry.storage import open_storage
 
 
@@ -242,7 +241,7 @@ def test_the_one_pass_record_check_accepts_exactly_what_the_two_checks_accept(
     """A load checks the tensor records in one pass when they are plain and fit; anything
     else goes through the schema and ``check_tensors``, whose messages name the problem.
     The one pass must never accept what those refuse."""
-    from ferry.engine.manifest import _fitting_records, _plain_records, check_tensors
+    from ferry.format.manifest import _fitting_records, _plain_records, check_tensors
 
     record = {**GOOD, **change}
     records = [dict(GOOD, offset=0), record, dict(GOOD, offset=128)]

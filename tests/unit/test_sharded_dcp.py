@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from ferry.engine import save, sharded
-from ferry.engine.wire import manifest_bytes
 from ferry.errors import CorruptCheckpointError, FerryError, UnsafeCheckpointError
+from ferry.format.wire import manifest_bytes
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

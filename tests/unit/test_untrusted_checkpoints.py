@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from ferry.engine import load, save, verify
-from ferry.engine.format import manifest_checksum
 from ferry.errors import CorruptCheckpointError, UnsafeCheckpointError
+from ferry.format.wire import manifest_checksum
 from ferry.storage import open_storage
 
 STEP1, STEP2 = "step-000000000001", "step-000000000002"

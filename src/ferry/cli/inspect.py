@@ -10,9 +10,9 @@ import click
 
 from ferry.cli.output import ago, emit_json, human_bytes, json_option, table
 from ferry.engine.catalog import list_checkpoints, split_url
-from ferry.engine.integrity import read_manifest, verify
-from ferry.engine.manifest import Manifest
 from ferry.errors import CorruptCheckpointError, NoCheckpointError
+from ferry.format.integrity import read_manifest, verify
+from ferry.format.manifest import Manifest
 from ferry.storage import Storage
 
 

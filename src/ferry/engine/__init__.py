@@ -4,7 +4,7 @@ info = save({"model": model, "opt": opt, "epoch": 3}, "ckpts/", step=100)
 loaded = load("ckpts/", into={"model": model, "opt": opt, "epoch": 0})
 
 Names are imported on first use: ``ferry inspect`` and ``ferry verify`` read manifests
-through manifest.py and integrity.py without importing torch, which importing this package
+through ferry.format (torch-free) without importing torch, which importing this package
 must not do either.
 """
 
@@ -17,34 +17,34 @@ if TYPE_CHECKING:
     from ferry.engine.apply import apply_state
     from ferry.engine.asyncsave import AsyncSaver, SaveHandle
     from ferry.engine.catalog import CheckpointRef, apply_retention, list_checkpoints, split_url
-    from ferry.engine.integrity import read_manifest, verify
     from ferry.engine.persist import CheckpointInfo
     from ferry.engine.reader import Loaded
     from ferry.engine.saveload import load, save
+    from ferry.format.integrity import read_manifest, verify
 
 _WHERE = {
-    "AsyncSaver": "asyncsave",
-    "CheckpointInfo": "persist",
-    "CheckpointRef": "catalog",
-    "Loaded": "reader",
-    "SaveHandle": "asyncsave",
-    "apply_retention": "catalog",
-    "apply_state": "apply",
-    "list_checkpoints": "catalog",
-    "load": "saveload",
-    "read_manifest": "integrity",
-    "save": "saveload",
-    "split_url": "catalog",
-    "verify": "integrity",
+    "AsyncSaver": "ferry.engine.asyncsave",
+    "CheckpointInfo": "ferry.engine.persist",
+    "CheckpointRef": "ferry.engine.catalog",
+    "Loaded": "ferry.engine.reader",
+    "SaveHandle": "ferry.engine.asyncsave",
+    "apply_retention": "ferry.engine.catalog",
+    "apply_state": "ferry.engine.apply",
+    "list_checkpoints": "ferry.engine.catalog",
+    "load": "ferry.engine.saveload",
+    "read_manifest": "ferry.format.integrity",
+    "save": "ferry.engine.saveload",
+    "split_url": "ferry.engine.catalog",
+    "verify": "ferry.format.integrity",
 }
-"""Each public name -> the module of ferry.engine that defines it."""
+"""Each public name -> the module that defines it (verifying is the format's: ferry.format)."""
 
 
 def __getattr__(name: str) -> object:
     module = _WHERE.get(name)
     if module is None:  # submodules (``from ferry.engine import sharded``) are found after this
         raise AttributeError(f"module 'ferry.engine' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"ferry.engine.{module}"), name)
+    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 

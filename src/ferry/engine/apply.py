@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ferry.engine.format import is_stateful
+from ferry.engine.codec import is_stateful
 from ferry.errors import CorruptCheckpointError, FerryError
 
 

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from ferry.engine.catalog import apply_retention
+from ferry.engine.codec import Flattened, flatten
 from ferry.engine.deferred import Deferred, OverlapBroken
-from ferry.engine.format import Flattened, flatten
 from ferry.engine.gcpause import paused_gc
 from ferry.engine.persist import CheckpointInfo, check_step, persist
 from ferry.engine.snapshot import HostBuffer, byte_view, snapshot

@@ -7,9 +7,9 @@ ones pickle: ``.metadata`` is a pickle, each chunk a ``torch.save``, and the def
 planner unpickles every non-tensor value with ``weights_only=False``, so a crafted
 checkpoint runs code when it is loaded. Here instead, in the ``dcp/`` folder:
 
-    metadata.json   rank 0: the description (dcpdesc.py), JSON with a checksum
+    metadata.json   rank 0: the description (format/dcpdesc.py), JSON with a checksum
     shards-R.bin    rank R: its chunks, raw bytes, and its plain values (an optimizer's
-                    lr, betas, ...) in ferry's wire format (JSON with format.py's tags)
+                    lr, betas, ...) in ferry's wire format (JSON with wire.py's tags)
 
 and ferry's manifest lists and checksums each of them. The calls, in DCP's order, by rank:
 
@@ -55,12 +55,13 @@ from torch.distributed.checkpoint.planner import SavePlanner as _SavePlanner
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from ferry.engine import dcpdesc
-from ferry.engine.dcpdesc import METADATA, Stored
-from ferry.engine.format import DTYPE_NAMES, flatten, unflatten
-from ferry.engine.integrity import MAX_MANIFEST
-from ferry.engine.manifest import check_depth
+from ferry.engine import dcpmeta
+from ferry.engine.codec import DTYPE_NAMES, flatten, unflatten
+from ferry.engine.dcpmeta import Stored
 from ferry.errors import CorruptCheckpointError, FerryError, UnsafeCheckpointError, UnsupportedStateError
+from ferry.format.dcpdesc import METADATA, shards_file
+from ferry.format.integrity import MAX_MANIFEST
+from ferry.format.manifest import check_depth
 
 _WRITE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -81,7 +82,7 @@ def encode_value(value: object, fqn: str) -> bytes:
 
 
 def decode_value(data: bytes, where: str) -> object:
-    """What ``encode_value`` wrote, checked as a manifest's tree is: JSON and format.py's
+    """What ``encode_value`` wrote, checked as a manifest's tree is: JSON and wire.py's
     closed set of tags, never a pickle."""
     try:
         tree = json.loads(data)
@@ -156,10 +157,7 @@ class Writer(StorageWriter):
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
-        return [
-            dataclasses.replace(p, storage_data=_RankFile(dcpdesc.shards_file(i)))
-            for i, p in enumerate(plans)
-        ]
+        return [dataclasses.replace(p, storage_data=_RankFile(shards_file(i))) for i, p in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: _SavePlanner) -> Future[list[WriteResult]]:
         if not isinstance(plan.storage_data, _RankFile):
@@ -181,7 +179,7 @@ class Writer(StorageWriter):
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         stored = {r.index: r.storage_data for rank in results for r in rank}
         with _created(os.path.join(self.folder, METADATA)) as f:
-            f.write(dcpdesc.encode(metadata, stored))
+            f.write(dcpmeta.encode(metadata, stored))
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -220,7 +218,7 @@ def read_description(folder: str) -> Metadata:
         if size > MAX_MANIFEST:
             raise CorruptCheckpointError(f"{where} is over {MAX_MANIFEST >> 20} MiB; not ferry's, refused")
         data = _pread(fd, 0, size, where)
-    metadata, _ = dcpdesc.decode(bytes(data), where)
+    metadata, _ = dcpmeta.decode(bytes(data), where)
     return metadata
 
 

@@ -14,8 +14,9 @@ from typing import Any
 import torch
 
 from ferry._version import __version__
-from ferry.engine.format import FORMAT_NAME, FORMAT_VERSION, Flattened, entries_json, manifest_bytes
+from ferry.engine.codec import Flattened, entries_json
 from ferry.errors import ConfigError
+from ferry.format.wire import FORMAT_NAME, FORMAT_VERSION, manifest_bytes
 from ferry.storage import Storage, Transaction
 
 

@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 
-from ferry.engine.format import ALIGN, torch_dtype
-from ferry.engine.integrity import CHUNK
-from ferry.engine.manifest import TensorRecord
+from ferry.engine.codec import torch_dtype
 from ferry.engine.snapshot import byte_view, tensor_bytes
+from ferry.format.integrity import CHUNK
+from ferry.format.manifest import TensorRecord
+from ferry.format.wire import ALIGN
 
 DIRECT_MIN = 256 << 10
 """Tensors below this are read through the bounce buffers: not worth a read call each."""
@@ -153,6 +154,18 @@ def plan_file(
     the live tensors their bytes are read straight into (never tensors that share bytes).
     Small torch tensors land in ``values`` (one slot per entry), the rest in ``owners``."""
     plan = FilePlan(values)
+    _Planner(entries, plan, bounce).place(_groups(entries, file, plan), targets, size)
+    return plan
+
+
+Group = tuple[int, int, int, list[int] | None]
+"""(start, end, a tensor's index, the indices of all the tensors sharing those bytes or
+None): ferry writes every tensor apart, each span then alone, without a list each."""
+
+
+def _groups(entries: list[TensorRecord], file: str, plan: FilePlan) -> Iterable[Group]:
+    """The tensors of ``file`` in file order, grouped where they share bytes; an empty
+    tensor gets an empty buffer in ``plan`` at once."""
     spans: list[tuple[int, int, int]] = []
     for i, e in enumerate(entries):
         if e["file"] != file:
@@ -162,48 +175,95 @@ def plan_file(
         else:
             plan.owners[i] = (torch.empty(0, dtype=torch.uint8), 0)
     spans.sort()
-    # (start, end, a tensor's index, the indices of all the tensors sharing those bytes or
-    # None): ferry writes every tensor apart, each span then alone, without a list each.
-    groups: Iterable[tuple[int, int, int, list[int] | None]]
     if all(spans[k][1] <= spans[k + 1][0] for k in range(len(spans) - 1)):
-        groups = ((start, end, i, None) for start, end, i in spans)
-    else:
-        groups = ((start, end, m[0], m if len(m) > 1 else None) for start, end, m in _units(spans))
-    pos = 0
-    batch: list[tuple[int, int, int]] = []
-    batch_start = 0
-    specs: dict[str, tuple[torch.dtype, bool, int]] = {}  # dtype name: (cut as, raw, item size)
+        return ((start, end, i, None) for start, end, i in spans)
+    return ((start, end, m[0], m if len(m) > 1 else None) for start, end, m in _units(spans))
 
-    scratch: list[memoryview] = []
 
-    def skip_to(upto: int) -> None:
-        # Padding goes to two scratch buffers in turn (the previous piece may still be
-        # hashed while the next is read): a file with a big gap costs no more memory.
-        nonlocal pos
+class _Planner:
+    """Appends the pieces of one file to ``plan`` in file order: padding to scratch, live
+    tensors' and own buffers' bytes as they are, batches of small tensors to a bounce
+    buffer. ``pos`` is the file offset the pieces so far reach."""
+
+    def __init__(self, entries: list[TensorRecord], plan: FilePlan, bounce: Bounce) -> None:
+        self.entries = entries
+        self.plan = plan
+        self.bounce = bounce
+        self.pos = 0
+        self.pending: list[tuple[int, int, int]] = []
+        """The small tensors (start, end, index) of the batch not yet placed."""
+        self.pending_start = 0
+        self.specs: dict[str, tuple[torch.dtype, bool, int]] = {}
+        """dtype name: (cut as, raw, item size)."""
+        self.scratch: list[memoryview] = []
+
+    def skip_to(self, upto: int) -> None:
+        """Padding up to ``upto``. It goes to two scratch buffers in turn (the previous
+        piece may still be hashed while the next is read): a big gap costs no more memory."""
+        pieces, pos = self.plan.pieces, self.pos
         while pos < upto:
             n = min(CHUNK, upto - pos)
             if n <= ALIGN:  # alignment padding: a few bytes of its own
-                plan.pieces.append(memoryview(bytearray(n)))
+                pieces.append(memoryview(bytearray(n)))
             else:
-                if not scratch:
-                    scratch.extend(memoryview(bytearray(CHUNK)) for _ in range(2))
-                plan.pieces.append(scratch[len(plan.pieces) % 2][:n])
+                if not self.scratch:
+                    self.scratch.extend(memoryview(bytearray(CHUNK)) for _ in range(2))
+                pieces.append(self.scratch[len(pieces) % 2][:n])
             pos += n
+        self.pos = pos
 
-    def add(view: memoryview) -> None:
-        plan.pieces.extend(view[at : at + CHUNK] for at in range(0, len(view), CHUNK))
+    def add(self, view: memoryview) -> None:
+        self.plan.pieces.extend(view[at : at + CHUNK] for at in range(0, len(view), CHUNK))
 
-    def flush() -> None:
-        nonlocal pos
+    def place(self, groups: Iterable[Group], targets: dict[int, torch.Tensor], size: int) -> None:
+        """Every piece of the file, ``size`` bytes, its tensors grouped by ``_groups``."""
+        pending, limit, owners = self.pending, self.bounce.size, self.plan.owners
+        for start, end, first, shared in groups:
+            if shared is None and first not in targets and end - start < DIRECT_MIN:
+                # A small tensor joins the batch (placed first if it would not fit its
+                # bounce buffer), inline here: a call per tensor made planning 20,000
+                # small tensors 3-9% slower.
+                if pending and end - self.pending_start > limit:
+                    self.flush()
+                if not pending:
+                    self.skip_to(start)
+                    self.pending_start = start
+                pending.append((start, end, first))
+                continue
+            self.flush()
+            self.skip_to(start)
+            if shared is None and first in targets:
+                self.add(tensor_bytes(targets[first]))
+            else:  # one big tensor, or tensors sharing bytes: a buffer of their own span
+                buf = torch.empty(end - start, dtype=torch.uint8)
+                for i in shared or [first]:
+                    owners[i] = (buf, self.entries[i]["offset"] - start)
+                self.add(byte_view(buf))
+            self.pos = end
+        self.flush()
+        self.skip_to(size)
+
+    def flush(self) -> None:
+        """Place the batch: one piece of a bounce buffer, its runs copied out once read."""
+        batch = self.pending
         if not batch:
             return
-        end = batch[-1][1]
+        end, batch_start = batch[-1][1], self.pending_start
         lead = batch_start % ALIGN
-        buf = bounce.take()
+        buf = self.bounce.take()
+        plan = self.plan
+        plan.copy_outs[len(plan.pieces)] = (buf, self._runs(lead))
+        plan.pieces.append(byte_view(buf[lead : lead + end - batch_start]))
+        self.pos = end
+        batch.clear()
+
+    def _runs(self, lead: int) -> list[Run]:
+        """The batch as runs of one dtype each, the batch lying in its buffer from ``lead``."""
+        entries, specs, batch_start = self.entries, self.specs, self.pending_start
         runs: list[Run] = []
         run = Run(torch.uint8, False, 0, 0)  # a placeholder: the first tensor starts a run
         sizes, index, shapes, run_end = run.sizes, run.index, run.shapes, 0
-        for offset, stop, i in batch:
+        for offset, stop, i in self.pending:
             e = entries[i]
             name = e["dtype"]
             spec = specs.get(name)
@@ -231,30 +291,4 @@ def plan_file(
             shapes.append(None if raw or (len(shape) == 1 and shape[0] == count) else shape)
             run_end = at + count
         run.end = run_end
-        plan.copy_outs[len(plan.pieces)] = (buf, runs)
-        plan.pieces.append(byte_view(buf[lead : lead + end - batch_start]))
-        pos = end
-        batch.clear()
-
-    for start, end, first, shared in groups:
-        if shared is None and first not in targets and end - start < DIRECT_MIN:
-            if batch and end - batch_start > bounce.size:
-                flush()
-            if not batch:
-                skip_to(start)
-                batch_start = start
-            batch.append((start, end, first))
-            continue
-        flush()
-        skip_to(start)
-        if shared is None and first in targets:
-            add(tensor_bytes(targets[first]))
-        else:  # one big tensor, or tensors sharing bytes: a buffer of their own span
-            buf = torch.empty(end - start, dtype=torch.uint8)
-            for i in shared or [first]:
-                plan.owners[i] = (buf, entries[i]["offset"] - start)
-            add(byte_view(buf))
-        pos = end
-    flush()
-    skip_to(size)
-    return plan
+        return runs

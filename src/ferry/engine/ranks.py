@@ -25,11 +25,11 @@ import torch
 
 from ferry.engine import sharded
 from ferry.engine.catalog import split_url
-from ferry.engine.format import Flattened, unflatten
-from ferry.engine.manifest import parse_part
+from ferry.engine.codec import Flattened, unflatten
 from ferry.engine.reader import Loaded, read_arrays, read_file
 from ferry.engine.snapshot import byte_view
 from ferry.errors import CorruptCheckpointError, FerryError, StorageError
+from ferry.format.manifest import parse_part
 from ferry.storage import Transaction
 from ferry.storage.hashed import hash_file
 

@@ -40,11 +40,12 @@ import torch
 
 from ferry.engine.asyncsave import InflightSaves, SaveHandle, Stall, _frozen
 from ferry.engine.catalog import apply_retention
+from ferry.engine.codec import Flattened, flatten
 from ferry.engine.deferred import Deferred
-from ferry.engine.format import Flattened, flatten, manifest_bytes
 from ferry.engine.persist import CheckpointInfo, build_manifest, check_step, next_name
 from ferry.engine.ranks import failure, rank_files_prefix, write_part, write_sharded
 from ferry.errors import FerryError, StorageError
+from ferry.format.wire import manifest_bytes
 from ferry.knobs import RANK_SAVE_TIMEOUT_SECONDS
 from ferry.progress import Tally, counting
 from ferry.storage import Storage, Transaction, open_storage

@@ -16,13 +16,14 @@ from typing import Any
 
 import torch
 
-from ferry.engine.format import DTYPE_NAMES, TORCH_LEAVES, is_stateful, safe_np_dtype, torch_dtype
-from ferry.engine.integrity import chunks, open_checked, stream_file
-from ferry.engine.integrity import read_manifest as read_manifest
-from ferry.engine.integrity import verify as verify
-from ferry.engine.manifest import FileEntry, Manifest, TensorRecord, decode_tree
+from ferry.engine.codec import DTYPE_NAMES, TORCH_LEAVES, is_stateful, torch_dtype
 from ferry.engine.placement import DIRECT_MIN, Bounce, Owner, plan_file
 from ferry.engine.snapshot import byte_view
+from ferry.format.integrity import chunks, open_checked, stream_file
+from ferry.format.integrity import read_manifest as read_manifest
+from ferry.format.integrity import verify as verify
+from ferry.format.manifest import FileEntry, Manifest, TensorRecord, decode_tree
+from ferry.format.wire import safe_np_dtype
 from ferry.storage import Storage
 
 
@@ -136,7 +137,7 @@ def read_arrays(
     targets: dict[int, torch.Tensor] | None = None,
 ) -> list[Any]:
     """Read and verify ``files`` of checkpoint ``name``: the arrays of ``entries`` (checked
-    by ``engine.manifest``), each in memory of its own (``engine.placement``); those in
+    by ``format.manifest``), each in memory of its own (``engine.placement``); those in
     ``targets`` are read straight into those live tensors."""
     targets = targets or {}
     bounce = Bounce()

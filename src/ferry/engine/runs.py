@@ -3,7 +3,7 @@
 A state of many small tensors (an optimizer's per-parameter states: biases, norms, their
 moments and step counters) spent most of a save's time on calls made once per tensor
 from Python: asking each tensor where its bytes are and copying them, a few microseconds
-each. The layout (``format.layout``) places a small tensor right after a small one of its
+each. The layout (``codec.layout``) places a small tensor right after a small one of its
 dtype, so that a run of them is one block of the data file; ``copy_run`` fills that block
 with one ``torch.cat`` (its C++ loop resolves strides and lazily negated or conjugated
 views, as a copy does). A run holds 1-D tensors only (``cat`` takes no 0-D ones, and
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from ferry.engine.format import TensorEntry, torch_dtype
+from ferry.engine.codec import TensorEntry, torch_dtype
 from ferry.knobs import WRITE_BOUNCE_BYTES, WRITE_SMALL_BYTES
 
 SMALL = WRITE_SMALL_BYTES
-"""Tensors below this may be part of a run (format.layout lays them out so)."""
+"""Tensors below this may be part of a run (codec.layout lays them out so)."""
 LONGEST = WRITE_BOUNCE_BYTES
 """The most bytes one block holds: a run longer than this is copied as several blocks,
 so that the memory each takes is small and reused from one block to the next."""

@@ -11,7 +11,7 @@ import torch
 
 from ferry.engine.apply import apply_state
 from ferry.engine.catalog import apply_retention, list_checkpoints, split_url
-from ferry.engine.format import flatten
+from ferry.engine.codec import flatten
 from ferry.engine.gcpause import paused_gc
 from ferry.engine.persist import CheckpointInfo, persist
 from ferry.engine.reader import Loaded, load_one

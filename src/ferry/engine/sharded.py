@@ -27,9 +27,9 @@ from torch import nn
 
 from ferry.engine import dcpio
 from ferry.engine.catalog import split_url
-from ferry.engine.dcpdesc import METADATA, SHARDS, shards_file
-from ferry.engine.reader import read_manifest
 from ferry.errors import CorruptCheckpointError, FerryError, StorageError, UnsafeCheckpointError
+from ferry.format.dcpdesc import METADATA, SHARDS, shards_file
+from ferry.format.integrity import read_manifest
 
 DCP_DIR = "dcp"
 

@@ -22,11 +22,12 @@ from typing import TypeGuard
 import numpy as np
 import torch
 
+from ferry.engine.codec import Flattened, TensorEntry, layout, torch_dtype
 from ferry.engine.deferred import Deferred
-from ferry.engine.format import ALIGN, Flattened, TensorEntry, layout, torch_dtype
 from ferry.engine.probe import Probe
 from ferry.engine.runs import copy_run, run_end
 from ferry.errors import bug
+from ferry.format.wire import ALIGN
 from ferry.knobs import WRITE_BOUNCE_BYTES, WRITE_SMALL_BYTES
 from ferry.storage.pools import submit
 
@@ -200,7 +201,7 @@ def snapshot(
     host_np = host.numpy()
     base = host.data_ptr()
     jobs: list[tuple[np.ndarray, np.ndarray]] = []
-    later = _Later(defer) if defer else None
+    later = _DeferredCopies(defer) if defer else None
     entries, arrays = flat.entries, flat.arrays
     pos, i, n = 0, 0, len(entries)
     while i < n:
@@ -243,8 +244,9 @@ def snapshot(
     return host, size, None if later is None else later.start()
 
 
-class _Later:
-    """The deferred part of one snapshot, gathered while the rest is copied."""
+class _DeferredCopies:
+    """The copies of one snapshot deferred past its return (``overlap_snapshot``): gathered
+    while the rest is copied, then started on the copy threads and side streams."""
 
     def __init__(self, defer: Mapping[int, object]) -> None:
         self.defer = defer

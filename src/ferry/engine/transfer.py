@@ -32,8 +32,8 @@ from functools import partial
 from typing import Any, TypeVar
 
 from ferry.engine.catalog import apply_retention, held, list_checkpoints
-from ferry.engine.manifest import FileEntry, decode_manifest
 from ferry.errors import ConfigError, StorageError
+from ferry.format.manifest import FileEntry, decode_manifest
 from ferry.knobs import backoff_delay
 from ferry.progress import Meter, meter_for
 from ferry.storage import FileRecord, Storage, Transaction, open_storage, strategy_for

@@ -79,7 +79,7 @@ def copy_checkpoint(src_url: str, dest: Storage, progress: Progress, meter: Mete
     checked against the manifest's checksum before it is made durable. Returns its URL.
     ``meter`` follows the bytes; ``progress`` gets the summary (size, time, throughput)."""
     from ferry.engine import list_checkpoints, split_url
-    from ferry.engine.manifest import decode_manifest
+    from ferry.format.manifest import decode_manifest
 
     src, name = split_url(src_url)
     if name is None:
@@ -163,7 +163,7 @@ def export(
         progress(f"job {record.id} is not running: exporting its newest committed checkpoint")
     copied = copy_checkpoint(url, open_storage(dest.child_url("checkpoints")), progress, meter)
     name = copied.rstrip("/").rsplit("/", 1)[-1]
-    from ferry.engine.manifest import decode_manifest  # torch: imported when needed
+    from ferry.format.manifest import decode_manifest  # torch: imported when needed
 
     copies = open_storage(dest.child_url("checkpoints"))
     manifest = decode_manifest(copies.read_bytes(f"{name}/{MANIFEST}"), copies.child_url(name))

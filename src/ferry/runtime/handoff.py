@@ -35,7 +35,7 @@ from ferry.storage import open_storage
 
 if TYPE_CHECKING:
     from ferry.engine import Loaded
-    from ferry.engine.format import Flattened
+    from ferry.engine.codec import Flattened
 
 log = logging.getLogger("ferry")
 

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 from ferry.config import Config
 from ferry.engine import CheckpointInfo, Loaded
-from ferry.engine.format import is_stateful
+from ferry.engine.codec import is_stateful
 from ferry.engine.gcpause import paused_gc
 from ferry.engine.transfer import Transfer, TransferPolicy
 from ferry.errors import FerryError, UnsupportedStateError, bug

@@ -11,8 +11,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import xxhash
 
-from ferry.engine.manifest import FileEntry, Manifest, decode_manifest
 from ferry.errors import CorruptCheckpointError, FerryError
+from ferry.format.manifest import FileEntry, Manifest, decode_manifest
 from ferry.knobs import READ_CHUNK_BYTES
 from ferry.storage import Reader, Storage
 from ferry.storage.atomic import MANIFEST
@@ -38,7 +38,7 @@ def _unreadable(where: str, exc: OSError) -> CorruptCheckpointError:
 
 
 def read_manifest(storage: Storage, name: str) -> Manifest:
-    """The manifest of checkpoint ``name``, checked whole (engine/manifest.py) before any
+    """The manifest of checkpoint ``name``, checked whole (manifest.py) before any
     of its data is read."""
     where = storage.child_url(name)
     rel = f"{name}/{MANIFEST}"

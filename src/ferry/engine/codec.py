@@ -1,8 +1,11 @@
-"""The on-disk format: a JSON manifest describing a tree of values and raw tensor bytes.
+"""Live values to the on-disk format and back: torch's side of the state tree.
 
-Nothing here can execute code on load: the tree is JSON with a closed set of tags, and
-dtypes come from a fixed table. See docs/format.md. The torch-free half (names, the
-checksum, decoding the tree) is wire.py: this module adds torch's side of it.
+The format (ferry/format/, torch-free: names, tags, the checksum, decoding the tree) is a
+JSON manifest describing a tree of values and raw tensor bytes. This module encodes a live
+state (Stateful objects, tensors, arrays, plain values) into that tree, lays its tensors
+out in a data file, and gives the leaves that decode into torch values. Nothing here can
+execute code on load: the tree is JSON with a closed set of tags, and dtypes come from a
+fixed table. See docs/format.md.
 """
 
 from __future__ import annotations
@@ -18,19 +21,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 
-from ferry.engine import wire
-from ferry.engine.wire import ALIGN as ALIGN
-from ferry.engine.wire import FORMAT_NAME as FORMAT_NAME
-from ferry.engine.wire import FORMAT_VERSION as FORMAT_VERSION
-from ferry.engine.wire import NUMPY_KINDS, Leaves
-from ferry.engine.wire import manifest_bytes as manifest_bytes
-from ferry.engine.wire import manifest_checksum as manifest_checksum
-from ferry.engine.wire import safe_np_dtype as safe_np_dtype
 from ferry.errors import UnsafeCheckpointError, UnsupportedStateError
+from ferry.format import wire
+from ferry.format.wire import ALIGN, NUMPY_KINDS, Leaves
 from ferry.knobs import WRITE_SMALL_BYTES
 
-if TYPE_CHECKING:  # manifest.py builds on this module
-    from ferry.engine.manifest import TensorRecord
+if TYPE_CHECKING:
+    from ferry.format.manifest import TensorRecord
 
 
 TORCH_DTYPES: dict[str, torch.dtype] = {

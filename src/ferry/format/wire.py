@@ -3,7 +3,7 @@ and the decoding of the state tree.
 
 ``ferry inspect`` and ``ferry verify`` read manifests and checksums only; keeping this
 module (and manifest.py, integrity.py) free of torch lets them start in a tenth of a second.
-format.py builds on it with the torch half: encoding, and the leaves that are torch values.
+engine/codec.py builds on it with the torch half: encoding, and the leaves that are torch values.
 numpy is imported only when a manifest names a numpy dtype.
 """
 
@@ -34,7 +34,7 @@ TORCH_ITEMSIZES: dict[str, int] = {
     "uint16": 2, "uint32": 4, "uint64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1,
 }  # fmt: skip
 """Every torch dtype the format names, with its size in bytes (a unit test checks them
-against torch). A name this torch lacks is refused when loading, by format.torch_dtype."""
+against torch). A name this torch lacks is refused when loading, by engine/codec.torch_dtype."""
 NUMPY_KINDS = set("biufc")  # bool, int, uint, float, complex: no object or void dtypes
 
 
@@ -76,7 +76,7 @@ def safe_np_dtype(name: object) -> np.dtype[Any]:
 class Leaves:
     """What the tags that stand for library values decode to. ``CHECK`` only checks them
     (names stay names): a manifest is checked whole without torch; loading decodes them
-    into torch dtypes and devices and numpy scalars (format.TORCH_LEAVES)."""
+    into torch dtypes and devices and numpy scalars (engine/codec.TORCH_LEAVES)."""
 
     dtype: Callable[[object], object]
     device: Callable[[object], object]
@@ -157,15 +157,25 @@ def unflatten(tree: object, arrays: Sequence[object], leaves: Leaves = CHECK) ->
     if "\0__" in "\0" + "\0".join(tree):
         tag = next((k for k in tree if k.startswith("__")), None)
     if tag is None:
-        out = {}
-        count, get = len(arrays), arrays.__getitem__
-        for k, x in tree.items():
-            # A tensor's tag, the commonest node of a big state by far, without another call.
-            if type(x) is dict and len(x) == 1 and type(at := x.get("__tensor__")) is int and 0 <= at < count:
-                out[k] = get(at)
-            else:
-                out[k] = unflatten(x, arrays, leaves)
-        return out
+        return _plain_dict(tree, arrays, leaves)
+    return _tagged(tag, tree, arrays, leaves)
+
+
+def _plain_dict(tree: dict[str, Any], arrays: Sequence[object], leaves: Leaves) -> dict[str, Any]:
+    """A skeleton object with no tag: a dict of its keys' decoded values."""
+    out = {}
+    count, get = len(arrays), arrays.__getitem__
+    for k, x in tree.items():
+        # A tensor's tag, the commonest node of a big state by far, without another call.
+        if type(x) is dict and len(x) == 1 and type(at := x.get("__tensor__")) is int and 0 <= at < count:
+            out[k] = get(at)
+        else:
+            out[k] = unflatten(x, arrays, leaves)
+    return out
+
+
+def _tagged(tag: str, tree: dict[str, Any], arrays: Sequence[object], leaves: Leaves) -> Any:
+    """The value a tagged object (``{"__tuple__": [...]}``) stands for, its keys checked."""
     if tag not in _TAGS:
         raise UnsafeCheckpointError(
             f"checkpoint manifest uses unknown tag {tag!r}; ferry loads only plain values and "
@@ -185,12 +195,7 @@ def unflatten(tree: object, arrays: Sequence[object], leaves: Leaves = CHECK) ->
     if tag == "__npscalar__":
         return leaves.npscalar(val, unflatten(tree["value"], arrays, leaves))
     if tag == "__bytes__":
-        if not isinstance(val, str):
-            raise UnsafeCheckpointError(f"bytes in manifest are not base64 text: {short(val)}")
-        try:
-            return base64.b64decode(val, validate=True)
-        except ValueError:
-            raise UnsafeCheckpointError(f"bytes in manifest are not base64 text: {short(val)}") from None
+        return _bytes(val)
     if tag == "__dict__":
         if not isinstance(val, list) or not all(isinstance(p, list) and len(p) == 2 for p in val):
             raise UnsafeCheckpointError("a __dict__ in the manifest is not a list of [key, value] pairs")
@@ -206,6 +211,16 @@ def unflatten(tree: object, arrays: Sequence[object], leaves: Leaves = CHECK) ->
     if not isinstance(val, str):  # __stateful__: a type name, a label only
         raise UnsafeCheckpointError(f"a __stateful__ type name in the manifest is not a string: {short(val)}")
     return unflatten(tree["state"], arrays, leaves)  # its state dict
+
+
+def _bytes(val: object) -> bytes:
+    """The bytes a ``__bytes__`` tag holds as base64 text."""
+    if not isinstance(val, str):
+        raise UnsafeCheckpointError(f"bytes in manifest are not base64 text: {short(val)}")
+    try:
+        return base64.b64decode(val, validate=True)
+    except ValueError:
+        raise UnsafeCheckpointError(f"bytes in manifest are not base64 text: {short(val)}") from None
 
 
 def _tensor_tag(node: object, count: int) -> int:
@@ -231,7 +246,7 @@ def manifest_checksum(body: Mapping[str, object]) -> str:
 
 class RawJSON(str):
     """JSON text that ``manifest_bytes`` writes as it is: a field its writer encoded itself,
-    exactly as ``json.dumps(value, separators=(",", ":"))`` would (format.entries_json).
+    exactly as ``json.dumps(value, separators=(",", ":"))`` would (engine/codec.entries_json).
     Only for writing: a manifest read back holds the decoded values."""
 
 
@@ -252,7 +267,7 @@ def manifest_bytes(body: Mapping[str, object]) -> bytes:
     without its line breaks (``written_checksum``), and reading it needs no second
     serialization. Encoding runs in json's C encoder (``indent`` would take its Python one:
     a manifest of 20,000 tensors took half a second). A ``RawJSON`` value is written as it
-    is (the tensor table, which format.entries_json formats in a third of json's time)."""
+    is (the tensor table, which engine/codec.entries_json formats in a third of json's time)."""
     compact = (",", ":")
     hasher = xxhash.xxh3_64()
     shown: list[bytes] = []

@@ -16,7 +16,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypedDict
 
-from ferry.engine.wire import (
+from ferry.errors import CorruptCheckpointError, UnsafeCheckpointError
+from ferry.format.wire import (
     CHECK,
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -30,7 +31,6 @@ from ferry.engine.wire import (
     unflatten,
     written_checksum,
 )
-from ferry.errors import CorruptCheckpointError, UnsafeCheckpointError
 from ferry.typedjson import INT_MAX, INT_MIN, SchemaError, parse
 
 
@@ -46,7 +46,7 @@ class TensorRecord(TypedDict):
     """Where tensor ``i`` of the tree lies, and what it is."""
 
     dtype: str
-    """A name from format.TORCH_DTYPES (torch), or numpy's dtype string (numpy)."""
+    """A name from engine/codec.TORCH_DTYPES (torch), or numpy's dtype string (numpy)."""
     shape: list[int]
     nbytes: int
     kind: Literal["torch", "numpy"]
@@ -71,7 +71,7 @@ class Manifest(TypedDict):
     files: dict[str, FileEntry]
     tensors: list[TensorRecord]
     tree: object
-    """The state, JSON with the tags of format.py; checked by decoding it."""
+    """The state, JSON with the tags of wire.py; checked by decoding it."""
     meta: dict[str, object]
 
 
@@ -356,7 +356,7 @@ def check_tensors(tensors: list[TensorRecord], files: Mapping[str, FileEntry], w
 def decode_tree(doc: Manifest | Part, arrays: Sequence[object], where: str, leaves: Leaves = CHECK) -> Any:
     """The state tree of ``doc`` with tensor ``i`` replaced by ``arrays[i]``; a malformed
     tree is a CorruptCheckpointError, an unsafe one an UnsafeCheckpointError. ``leaves``:
-    CHECK only checks dtypes and devices (no torch); a load gives format.TORCH_LEAVES."""
+    CHECK only checks dtypes and devices (no torch); a load gives engine/codec.TORCH_LEAVES."""
     try:
         return unflatten(doc["tree"], arrays, leaves)
     except CorruptCheckpointError:
