@@ -15,8 +15,10 @@ from ferry.cli.output import emit_json, human_bytes, json_option, table
 from ferry.cli.params import Seconds, Whole, checked
 from ferry.knobs import SUSPEND_LOCK_SECONDS
 from ferry.process import criu, nvml
-from ferry.process.cuda import CudaProcess, Outcome, check_pid, load_record, require_alive
+from ferry.process.cuda import CudaProcess, Outcome
 from ferry.process.driver import ProcessState
+from ferry.process.pids import check_pid, require_alive
+from ferry.process.record import load_record
 from ferry.process.uuids import GpuMapping, parse_mapping_items
 
 PID = Whole(1, 2**22, what="")

@@ -23,6 +23,7 @@ from typing import Any
 
 from ferry.errors import ConfigError, ProcessCheckpointError
 from ferry.process import nvml
+from ferry.process.pids import check_pid, require_alive
 
 MIN_GPU_CRIU = (4, 0)
 """CRIU with the CUDA plugin (criu/plugins/cuda) and its device hooks."""
@@ -152,8 +153,6 @@ def requirements(gpu: bool) -> CriuInfo:
 
 def dump(pid: int, directory: str, *, leave_running: bool = False) -> DumpResult:
     """Write ``pid``'s process tree to ``directory`` (created; must hold no dump yet)."""
-    from ferry.process.cuda import check_pid, require_alive
-
     require_alive(check_pid(pid))
     directory = os.path.abspath(directory)
     if os.path.exists(os.path.join(directory, "inventory.img")):
