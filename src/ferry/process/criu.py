@@ -115,7 +115,7 @@ def requirements(gpu: bool) -> CriuInfo:
     if os.geteuid() != 0:
         raise ProcessCheckpointError(
             "criu dump and restore need root (CAP_SYS_ADMIN, CAP_CHECKPOINT_RESTORE): "
-            "run ferry dump/restore as root"
+            "run ferry process dump/restore as root"
         )
     info = find_criu()
     missing = []
@@ -191,7 +191,7 @@ def restore(directory: str) -> RestoreResult:
     directory = os.path.abspath(directory)
     if not os.path.exists(os.path.join(directory, "inventory.img")):
         raise ConfigError(
-            f"{directory} holds no CRIU dump (no inventory.img): give the folder `ferry dump` wrote"
+            f"{directory} holds no CRIU dump (no inventory.img): give the folder `ferry process dump` wrote"
         )
     try:
         with open(os.path.join(directory, MANIFEST)) as f:

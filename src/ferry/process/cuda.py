@@ -213,7 +213,7 @@ class CudaProcess:
             if self.driver.get_state(self.pid) == ProcessState.LOCKED:
                 self.driver.unlock(self.pid)
         except ProcessCheckpointError:
-            pass  # the original error says more; process-state shows where it was left
+            pass  # the original error says more; `ferry process state` shows where it was left
 
     def wake(self, gpu_mapping: MappingInput | None = None) -> Outcome:
         """Restore (onto other GPUs if mapped) and unlock: the process continues where it stopped."""

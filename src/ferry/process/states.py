@@ -22,12 +22,12 @@ TRANSITIONS: dict[str, tuple[ProcessState, ProcessState]] = {
 _WHAT_TO_DO: dict[tuple[str, ProcessState], str] = {
     ("lock", ProcessState.LOCKED): "it is already locked",
     ("lock", ProcessState.CHECKPOINTED): "it is suspended; wake it (restore, unlock) first",
-    ("checkpoint", ProcessState.RUNNING): "lock it first (`ferry suspend` locks and checkpoints)",
+    ("checkpoint", ProcessState.RUNNING): "lock it first (`ferry process suspend` locks and checkpoints)",
     ("checkpoint", ProcessState.CHECKPOINTED): "it is already checkpointed",
     ("restore", ProcessState.RUNNING): "it is not suspended",
     ("restore", ProcessState.LOCKED): "it is not checkpointed (restored already, or only locked): unlock it",
     ("unlock", ProcessState.RUNNING): "it is not locked",
-    ("unlock", ProcessState.CHECKPOINTED): "restore it first (`ferry wake` restores and unlocks)",
+    ("unlock", ProcessState.CHECKPOINTED): "restore it first (`ferry process wake` restores and unlocks)",
 }
 
 # The driver steps that take a process from each state to "suspended" or "awake".
