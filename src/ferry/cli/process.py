@@ -134,10 +134,11 @@ def suspend_cmd(pid: int, timeout: float, as_json: bool) -> None:
 def wake_cmd(pid: int, maps: GpuMapping, as_json: bool) -> None:
     """Bring PID's GPU memory back (onto other GPUs with --map) and let it continue.
 
-    The GPUs it goes back to (its own, or those --map names) are checked first: on this
-    machine, the same model as before, not in MIG mode, with the memory it held free. --map
-    needs the record `ferry process suspend` wrote (the GPUs the process held: map each, a
-    GPU to itself to keep it) and driver r580 or newer. A running process is left as it is.
+    Where `ferry process suspend` recorded the GPUs it held, the GPUs it goes back to (its
+    own, or those --map names) are checked first: on this machine, the same model as before,
+    not in MIG mode, with the memory it held free. --map needs that record (map each GPU it
+    held, a GPU to itself to keep it) and driver r580 or newer. A running process is left as
+    it is.
     """
     mapping = maps
     out = CudaProcess(check_pid(pid)).wake(mapping or None)
