@@ -10,8 +10,8 @@
 #   engine     a ~1B-parameter model + AdamW (17 GB on the GPU): async save blocked <= 0.5 s,
 #              snapshot / pinned copy_ >= 0.7, save and load bitwise (CPU, GPU), overlap_snapshot's
 #              blocked time beside the default's, and it refuses a .data write (engine.py)
-#   process    ferry suspend / wake of a process holding ~15 GB: each <= 10 s, process-state in
-#              every state, the preflight's messages; UNAVAILABLE where the driver cannot (suspend.py)
+#   process    ferry process suspend / wake of a process holding ~15 GB: each <= 10 s, its state
+#              in every state, the preflight's messages; UNAVAILABLE where the driver cannot (suspend.py)
 #   zero-code  ferry run of a GPU script (AMP, GradScaler, torch.compile), SIGTERM, resume:
 #              bitwise the plain uninterrupted run (zerocode.py, zc_gpu_train.py)
 # Everything it writes lands in $OUT (at most 5 files): summary.md (the table: check, figure,

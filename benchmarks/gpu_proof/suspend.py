@@ -1,6 +1,6 @@
-"""gpu_proof.sh, the process part: ``ferry suspend`` and ``ferry wake`` of a process that holds
-~15 GB of GPU memory and keeps computing, through the CLI (``--json``), as an operator runs
-them; ``ferry process-state`` in each state (running, locked, checkpointed, running again);
+"""gpu_proof.sh, the process part: ``ferry process suspend`` and ``ferry process wake`` of a
+process that holds ~15 GB of GPU memory and keeps computing, through the CLI (``--json``), as an
+operator runs them; ``ferry process state`` in each state (running, locked, checkpointed, running again);
 the preflight's messages (what the suspend warns about; a wake onto a GPU that is not here;
 a wake onto a GPU whose memory was taken meanwhile).
 
@@ -32,7 +32,7 @@ PART = "process"
 CHECKS = (
     "suspend (lock + checkpoint) of a process holding GPU memory",
     "wake (restore + unlock)",
-    "process-state in every state",
+    "process state in every state",
     "GPU memory released while suspended, given back on wake",
     "the process's data unchanged, its work goes on after the wake",
     "preflight: suspend warnings as /proc shows the process",
@@ -186,11 +186,11 @@ def run_checks(holder: Holder, nbytes: int, where: str) -> None:
 
     pid = str(holder.proc.pid)
     states: list[str] = []
-    code, doc, err, _ = ferry("process-state", pid)
+    code, doc, err, _ = ferry("process", "state", pid)
     states.append(f"running:{doc.get('state')}")
     held = sum(g["used_bytes"] for g in doc.get("gpus") or [])
     uuid = (doc.get("gpus") or [{}])[0].get("uuid")
-    code, sus, err, wall = ferry("suspend", pid, "--timeout", "20")
+    code, sus, err, wall = ferry("process", "suspend", pid, "--timeout", "20")
     if code != 0:
         note = f"{where}: the driver's answer: {err.splitlines()[-1] if err else code}"
         if where == "gVisor":
@@ -207,14 +207,14 @@ def run_checks(holder: Holder, nbytes: int, where: str) -> None:
         "<= 10 s",
         verdict(sus["state"] == "checkpointed" and seconds <= 10),
     )
-    _, doc, _, _ = ferry("process-state", pid)
+    _, doc, _, _ = ferry("process", "state", pid)
     states.append(f"checkpointed:{doc.get('state')}")
     released = doc.get("gpus") == [] and doc.get("suspend_record") is not None
     frozen = holder.drain(1.5)
     still = holder.drain(1.0) <= frozen + 1
     free_after_suspend = next((g.memory_free for g in nvml.gpus() if str(g.uuid) == uuid), 0)
     _preflight_rows(sus, holder, pid, uuid, held, states)
-    code, wok, err, wall = ferry("wake", pid)
+    code, wok, err, wall = ferry("process", "wake", pid)
     ok = code == 0 and wok.get("state") == "running"
     seconds = float(wok.get("seconds", 0.0))
     row(
@@ -225,7 +225,7 @@ def run_checks(holder: Holder, nbytes: int, where: str) -> None:
         verdict(ok and seconds <= 10),
         "" if ok else err[-300:],
     )
-    _, doc, _, _ = ferry("process-state", pid)
+    _, doc, _, _ = ferry("process", "state", pid)
     states.append(f"running:{doc.get('state')}")
     back = [g["uuid"] for g in doc.get("gpus") or []] == [uuid]
     row(
@@ -256,17 +256,17 @@ def _steps(doc: dict[str, Any]) -> str:
 
 
 def _locked_state(pid: str, states: list[str]) -> None:
-    """Lock only (the library's step), ``process-state``, unlock."""
+    """Lock only (the library's step), ``ferry process state``, unlock."""
     from ferry.process import CudaProcess
 
     process = CudaProcess(int(pid))
     process.lock(timeout=20)
     try:
-        _, doc, _, _ = ferry("process-state", pid)
+        _, doc, _, _ = ferry("process", "state", pid)
         states.append(f"locked:{doc.get('state')}")
     finally:
         process.unlock()
-    _, doc, _, _ = ferry("process-state", pid)
+    _, doc, _, _ = ferry("process", "state", pid)
     states.append(f"running:{doc.get('state')}")
 
 
@@ -290,8 +290,8 @@ def _preflight_rows(
         row(PART, CHECKS[7], "-", "-", "SKIPPED", note)
         return
     elsewhere = "GPU-00000000-0000-0000-0000-000000000000"
-    code, _, err, _ = ferry("wake", pid, "--map", f"{uuid}={elsewhere}")
-    _, doc, _, _ = ferry("process-state", pid)
+    code, _, err, _ = ferry("process", "wake", pid, "--map", f"{uuid}={elsewhere}")
+    _, doc, _, _ = ferry("process", "state", pid)
     states.append(f"checkpointed:{doc.get('state')}")
     refused = code != 0 and "not on this machine" in err and doc.get("state") == "checkpointed"
     row(
@@ -302,7 +302,7 @@ def _preflight_rows(
         verdict(refused),
     )
     code, err = _wake_without_room(pid, held)
-    _, doc, _, _ = ferry("process-state", pid)
+    _, doc, _, _ = ferry("process", "state", pid)
     states.append(f"checkpointed:{doc.get('state')}")
     refused = code != 0 and "free memory there first" in err and doc.get("state") == "checkpointed"
     row(
@@ -315,14 +315,14 @@ def _preflight_rows(
 
 
 def _wake_without_room(pid: str, held: int) -> tuple[int, str]:
-    """Take the GPU's free memory but a little less than the process held, then ``ferry wake``."""
+    """Take the GPU's free memory but a little less than the process held, then ``ferry process wake``."""
     import torch
 
     free, _ = torch.cuda.mem_get_info()
     take = max(0, free - held // 2)
     filler = torch.empty(take, dtype=torch.uint8, device="cuda")
     try:
-        code, _, err, _ = ferry("wake", pid)
+        code, _, err, _ = ferry("process", "wake", pid)
     finally:
         del filler
         torch.cuda.empty_cache()

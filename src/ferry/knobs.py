@@ -117,7 +117,7 @@ STOP_PROCESS_SECONDS = 10.0
 
 # ---------------------------------------------------------------------- operator commands
 SUSPEND_LOCK_SECONDS = 60.0
-"""The default of ``ferry suspend --timeout``: how long the driver may wait for in-flight GPU
+"""The default of ``ferry process suspend --timeout``: how long the driver may wait for in-flight GPU
 work before the process's CUDA state is locked; longer waits out long kernels."""
 
 REQUEST_TIMEOUT_SECONDS = 300.0

@@ -135,13 +135,13 @@ def test_the_cli_suspends_and_wakes_a_training_process(tmp_path: Path, reference
     try:
         child.wait_step(STEPS // 3)
         pid = str(child.proc.pid)
-        suspended = ferry("suspend", pid)
+        suspended = ferry("process", "suspend", pid)
         assert suspended["state"] == "checkpointed" and suspended["gpus"]
-        state = ferry("process-state", pid)
+        state = ferry("process", "state", pid)
         assert state["state"] == "checkpointed" and state["gpus"] == []
         assert state["suspend_record"]["gpus"] == suspended["gpus"]
-        assert ferry("suspend", pid)["steps"] == []  # already suspended
-        woken = ferry("wake", pid)
+        assert ferry("process", "suspend", pid)["steps"] == []  # already suspended
+        woken = ferry("process", "wake", pid)
         assert woken["state"] == "running" and [s["step"] for s in woken["steps"]] == ["restore", "unlock"]
         result = child.result()
     finally:

@@ -76,7 +76,7 @@ def test_unknown_job_dead_pid_and_foreign_pid(tmp_path: Path) -> None:
     try:
         result = ferry(tmp_path, "migrate", str(other.pid), "--to", "1")
         one_line_error(
-            result, 8, f"pid {other.pid} (sleep 30) is not a ferry job", "ferry suspend", "ferry run"
+            result, 8, f"pid {other.pid} (sleep 30) is not a ferry job", "ferry process suspend", "ferry run"
         )
     finally:
         other.kill()

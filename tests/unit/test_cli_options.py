@@ -58,7 +58,7 @@ BAD = [
     (["chaos", "--every-steps", "0", "--", "true"], "--every-steps", "1 or more"),
     (["chaos", "--kinds", "stop,bogus", "--", "true"], "--kinds", "unknown fault kind(s) bogus"),
     (["chaos", "--pause", "2", "1", "--", "true"], "--pause", "MIN must be above 0 and at most MAX"),
-    (["suspend", "1", "--timeout", "-1"], "--timeout", "0 or more, up to a year (0: no limit)"),
+    (["process", "suspend", "1", "--timeout", "-1"], "--timeout", "0 or more, up to a year (0: no limit)"),
     (["list", "-o", "tall"], "-o", "'tall' is not 'wide'"),
     (["export-weights", "ck", "out", "--format", "onnx"], "--format", "'onnx' is not one of"),
     (["help", "jbos"], "TOPIC", "Did you mean 'jobs'?"),

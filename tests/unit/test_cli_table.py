@@ -65,13 +65,23 @@ def test_help_and_completion_import_no_torch(argv: list[str]) -> None:
     assert "Usage: ferry" in proc.stdout + proc.stderr
 
 
-def test_completion_lists_commands_without_torch() -> None:
+@pytest.mark.parametrize(
+    ("words", "expected"),
+    [
+        ("ferry ch", ["chaos", "checkpoint"]),
+        ("ferry pro", ["process"]),  # the group; its commands' old names are hidden
+        ("ferry su", []),
+        ("ferry process ", ["suspend", "wake", "state", "dump", "restore"]),  # as its --help orders them
+    ],
+)
+def test_completion_lists_commands_without_torch(words: str, expected: list[str]) -> None:
     code = (
         "import sys\nfrom ferry.cli import main\n"
         "try:\n    main(prog_name='ferry')\nexcept SystemExit:\n    pass\n"
         "print('torch' in sys.modules, file=sys.stderr)\n"
     )
-    env = {**os.environ, "COMP_WORDS": "ferry ch", "COMP_CWORD": "1", "_FERRY_COMPLETE": "bash_complete"}
+    cword = str(len(words.split()) - (0 if words.endswith(" ") else 1))
+    env = {**os.environ, "COMP_WORDS": words, "COMP_CWORD": cword, "_FERRY_COMPLETE": "bash_complete"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
-    assert proc.stdout.split() == ["plain,chaos", "plain,checkpoint"], proc.stdout
+    assert proc.stdout.split() == [f"plain,{name}" for name in expected], proc.stdout
     assert proc.stderr.strip() == "False", proc.stderr

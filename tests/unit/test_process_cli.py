@@ -1,7 +1,9 @@
-"""``ferry suspend / wake / process-state / dump / restore``: errors and exit codes, for real.
+"""``ferry process suspend / wake / state / dump / restore``: errors and exit codes, for real.
 
 In-process through click's runner on ``ferry.cli.main``, and as the installed ``ferry``
-script in a subprocess, on real PIDs (a dead one, a live process that uses no GPU).
+script in a subprocess, on real PIDs (a dead one, a live process that uses no GPU). The
+commands' old names (``ferry suspend``, ``ferry process-state``, ...) still work, hidden,
+with a note on stderr.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import ctypes.util
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,7 +20,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ferry.cli import main
+from ferry.cli import RENAMED, main
 
 A = "GPU-eea0d83f-ebcd-ac27-6b3e-bec2a19724e6"
 B = "GPU-8f4022ba-e0cb-1298-286e-225c953a7feb"
@@ -53,22 +56,57 @@ def gone(pid: int) -> str:
 
 
 def run(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, list(args))
+    """``ferry process ARGS``."""
+    return invoke("process", *args)
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args), prog_name="ferry")
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     return result.exit_code, result.stdout, result.stderr
 
 
 def test_commands_are_registered_with_json() -> None:
+    code, out, _ = invoke("--help")
+    assert code == 0
+    listed = re.findall(r"^  (\S+)  ", out, re.MULTILINE)
+    assert "process" in listed and not set(RENAMED) & set(listed), listed
     code, out, _ = run("--help")
     assert code == 0
-    for name in ("suspend", "wake", "process-state", "dump", "restore"):
-        assert name in out
+    listed = re.findall(r"^  (\S+)  ", out, re.MULTILINE)
+    assert listed[-5:] == ["suspend", "wake", "state", "dump", "restore"], out
+    for name in listed[-5:]:
         code, help_text, _ = run(name, "--help")
-        assert code == 0 and "--json" in help_text
+        assert code == 0 and "--json" in help_text and f"Usage: ferry process {name} " in help_text
     assert "--map OLD=NEW" in run("wake", "--help")[1]
 
 
-@pytest.mark.parametrize("command", ["suspend", "wake", "process-state"])
+OLD_CALLS = {
+    "suspend": ["{pid}"],
+    "wake": ["{pid}", "--json"],
+    "process-state": ["{pid}", "--json"],
+    "dump": ["{pid}", "/nonexistent/ferry-dump", "--json"],
+    "restore": ["/nonexistent/ferry-dump"],
+}
+
+
+@pytest.mark.parametrize("old", sorted(RENAMED))
+def test_each_old_name_works_as_before_and_names_the_new_form(old: str, dead_pid: int) -> None:
+    """Hidden aliases for one release: the new form's exit status and stdout (for the scripts
+    that read it), and one more line on stderr that names the new form."""
+    args = [a.format(pid=dead_pid) for a in OLD_CALLS[old]]
+    new = RENAMED[old]
+    code, out, err = invoke(old, *args)
+    new_code, new_out, new_err = invoke(*new.split(), *args)
+    assert (code, out) == (new_code, new_out) and code == (2 if old == "restore" else 9)
+    assert (out if "--json" in args else new_err).count("\n") == 1, (out, new_err)
+    note = f"ferry: note: `ferry {old}` is now `ferry {new}` (the old name goes in the next release)\n"
+    assert err == note + new_err
+    help_text = invoke(old, "--help")[1]
+    assert f"Usage: ferry {old} " in help_text and f"Now `ferry {new}`" in help_text
+
+
+@pytest.mark.parametrize("command", ["suspend", "wake", "state"])
 def test_dead_pid_exits_9_with_one_line(command: str, dead_pid: int) -> None:
     code, out, err = run(command, str(dead_pid))
     assert (code, out) == (9, "")
@@ -77,7 +115,7 @@ def test_dead_pid_exits_9_with_one_line(command: str, dead_pid: int) -> None:
 
 @no_driver_here
 @pytest.mark.parametrize(
-    "args", [["suspend"], ["suspend", "--timeout", "0"], ["wake"], ["process-state"], ["suspend", "--json"]]
+    "args", [["suspend"], ["suspend", "--timeout", "0"], ["wake"], ["state"], ["suspend", "--json"]]
 )
 def test_live_non_gpu_process_gets_the_capability_error(args: list[str], sleeper: int) -> None:
     code, out, err = run(*args, str(sleeper))
@@ -116,7 +154,7 @@ def test_bad_arguments_exit_2_before_anything_runs(args: list[str], option: str 
 
 def test_wake_with_a_map_but_no_record_says_how_to_get_one(sleeper: int) -> None:
     code, _, err = run("wake", str(sleeper), "--map", f"{A}={B}")
-    assert code == 2 and "suspend it with `ferry suspend` (which records them)" in err
+    assert code == 2 and "suspend it with `ferry process suspend` (which records them)" in err
 
 
 def test_non_integer_pid_is_a_usage_error() -> None:
@@ -128,12 +166,12 @@ def test_non_integer_pid_is_a_usage_error() -> None:
 def test_installed_script_in_a_subprocess(dead_pid: int, tmp_path: Path) -> None:
     env = {**os.environ, "FERRY_HOME": str(tmp_path)}
     out = subprocess.run(
-        [str(FERRY), "suspend", "999999"], capture_output=True, text=True, env=env, timeout=120
+        [str(FERRY), "process", "suspend", "999999"], capture_output=True, text=True, env=env, timeout=120
     )
     assert (out.returncode, out.stdout) == (9, "")
     assert out.stderr.strip().splitlines()[-1] == f"ferry: error: {gone(999999)}"
     out = subprocess.run(
-        [str(FERRY), "process-state", str(os.getpid()), "--json"],
+        [str(FERRY), "process", "state", str(os.getpid()), "--json"],
         capture_output=True,
         text=True,
         env=env,

@@ -17,7 +17,8 @@ import pytest
 
 from ferry.errors import ConfigError, ProcessCheckpointError
 from ferry.process import CudaProcess, DriverCallError, DriverInfo, GpuUsage, GpuUuid, ProcessState
-from ferry.process.cuda import SuspendRecord, load_record, save_record, start_time
+from ferry.process.pids import start_time
+from ferry.process.record import SuspendRecord, load_record, save_record
 
 A = "GPU-eea0d83f-ebcd-ac27-6b3e-bec2a19724e6"
 B = "GPU-8f4022ba-e0cb-1298-286e-225c953a7feb"

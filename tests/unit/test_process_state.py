@@ -10,23 +10,12 @@ from collections.abc import Iterator
 import pytest
 
 from ferry.errors import ConfigError, ProcessCheckpointError
-from ferry.process.cuda import (
-    PLANS,
-    TRANSITIONS,
-    SuspendRecord,
-    check_pid,
-    check_transition,
-    drop_record,
-    load_record,
-    lock_timeout_ms,
-    plan,
-    record_path,
-    require_alive,
-    save_record,
-    start_time,
-)
+from ferry.process.cuda import lock_timeout_ms
 from ferry.process.driver import ProcessState as S
 from ferry.process.nvml import GpuUsage
+from ferry.process.pids import check_pid, require_alive, start_time
+from ferry.process.record import SuspendRecord, drop_record, load_record, record_path, save_record
+from ferry.process.states import PLANS, TRANSITIONS, check_transition, plan
 from ferry.process.uuids import GpuUuid
 
 GPU = GpuUuid.parse("GPU-eea0d83f-ebcd-ac27-6b3e-bec2a19724e6")

@@ -7,7 +7,7 @@ import importlib
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 import click
@@ -82,28 +82,11 @@ COMMANDS: dict[str, Entry] = {
         "checkpoints",
         "Write a tracked model's state_dict from CHECKPOINT to OUT, as safetensors or a torch file.",
     ),
-    "suspend": Entry(
+    "process": Entry(
         "process",
         "process",
-        "Freeze PID's CUDA state and release its GPU memory (lock, then checkpoint to host memory).",
-    ),
-    "wake": Entry(
-        "process", "process", "Bring PID's GPU memory back (onto other GPUs with --map) and let it continue."
-    ),
-    "process-state": Entry(
-        "process",
-        "process",
-        "Show PID's CUDA checkpoint state, the GPUs it holds, and ferry's record of its suspend.",
-    ),
-    "dump": Entry(
-        "process",
-        "process",
-        "Dump PID's whole process tree to DIRECTORY with CRIU (GPU state through its CUDA plugin).",
-    ),
-    "restore": Entry(
-        "process",
-        "process",
-        "Restore a process tree that `ferry dump` wrote to DIRECTORY (under its old PID).",
+        "Act on a process by its PID (no ferry job needed): suspend, wake, state (CUDA driver); "
+        "dump, restore (CRIU).",
     ),
     "chaos": Entry(
         "chaos", "tools", "Run COMMAND plainly, then under `ferry run` with seeded faults, and compare."
@@ -121,6 +104,17 @@ commands' own."""
 ALIASES = {"ls": "list", "ps": "list"}
 """The verbs users type for a command, from other tools; not listed in the help."""
 
+RENAMED = {
+    "suspend": "process suspend",
+    "wake": "process wake",
+    "process-state": "process state",
+    "dump": "process dump",
+    "restore": "process restore",
+}
+"""Old name -> the command's name now. The process-level verbs went under ``ferry process``
+(``ferry restore`` read as the opposite of ``ferry.restore()``); their old names work on for
+one release, hidden, each with a note on stderr (``Renamed``)."""
+
 
 def wants_json(args: Sequence[str]) -> bool:
     """``--json`` among a command's own arguments (not after ``--``: those are COMMAND's)."""
@@ -130,6 +124,53 @@ def wants_json(args: Sequence[str]) -> bool:
         if arg == "--json":
             return True
     return False
+
+
+def suggest_command(
+    ctx: click.Context,
+    args: Sequence[str],
+    lookup: Callable[[click.Context, str], click.Command | None],
+    names: Mapping[str, str],
+    listed_by: str,
+) -> None:
+    """Fail with the closest names ("did you mean") when ``args`` start with no command's name.
+
+    ``names`` maps what may be typed to what to suggest (an old name to the new form).
+    """
+    name = args[0] if args else ""
+    if not args or ctx.resilient_parsing or name.startswith("-") or lookup(ctx, name) is not None:
+        return
+    close = dict.fromkeys(names[c] for c in difflib.get_close_matches(name, list(names), n=3, cutoff=0.6))
+    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    ctx.fail(f"No such command {name!r}.{hint} ({listed_by} lists them)")
+
+
+class Renamed(click.Command):
+    """A command's old name, kept for one release: hidden from the help and completion, it runs
+    the command unchanged after a one-line note on stderr that names the new form (stdout is
+    the command's own, for the scripts that read it)."""
+
+    def __init__(self, old: str, new: str, command: click.Command) -> None:
+        super().__init__(
+            old,
+            context_settings=command.context_settings,
+            callback=command.callback,
+            params=command.params,
+            help=command.help,
+            epilog=f"Now `ferry {new}`: the name `ferry {old}` goes in the next release.",
+            short_help=command.short_help,
+            hidden=True,
+        )
+        self.new = new
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not ctx.resilient_parsing:
+            click.echo(
+                f"ferry: note: `ferry {self.name}` is now `ferry {self.new}` (the old name goes in the "
+                "next release)",
+                err=True,
+            )
+        return super().parse_args(ctx, args)
 
 
 def _short_help(name: str, limit: int = 45) -> str:
@@ -145,6 +186,11 @@ class FerryGroup(click.Group):
         return sorted(COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in RENAMED:
+            group_name, sub_name = RENAMED[cmd_name].split()
+            group = self.get_command(ctx, group_name)
+            command = group.get_command(ctx, sub_name) if isinstance(group, click.Group) else None
+            return None if command is None else Renamed(cmd_name, RENAMED[cmd_name], command)
         cmd_name = ALIASES.get(cmd_name, cmd_name)
         if cmd_name not in COMMANDS:
             return None
@@ -173,17 +219,9 @@ class FerryGroup(click.Group):
     def resolve_command(
         self, ctx: click.Context, args: list[str]
     ) -> tuple[str | None, click.Command | None, list[str]]:
-        """A mistyped command gets the closest names ("did you mean")."""
-        name = args[0] if args else ""
-        if (
-            args
-            and not ctx.resilient_parsing
-            and not name.startswith("-")
-            and self.get_command(ctx, name) is None
-        ):
-            close = difflib.get_close_matches(name, [*COMMANDS, *ALIASES], n=3, cutoff=0.6)
-            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-            ctx.fail(f"No such command {name!r}.{hint} (ferry --help lists them)")
+        """A mistyped command gets the closest names ("did you mean"), an old name its new form."""
+        names = {**{c: c for c in [*COMMANDS, *ALIASES]}, **RENAMED}
+        suggest_command(ctx, args, self.get_command, names, "ferry --help")
         return super().resolve_command(ctx, args)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:

@@ -310,9 +310,9 @@ def not_a_job_message(pid: int) -> str:
     return (
         f"pid {pid} ({process_name(pid)[:60]}) is not a ferry job: it was not started under "
         "`ferry run` and runs no ferry session, so ferry cannot ask it for a framework-level "
-        "checkpoint, migrate or export it. For a CUDA process, `ferry suspend PID` / `ferry wake "
-        "PID --map ...` checkpoint its GPU state at the process level (`ferry help process`); to make "
-        "it a ferry job, restart it as `ferry run -- COMMAND`"
+        "checkpoint, migrate or export it. For a CUDA process, `ferry process suspend PID` / "
+        "`ferry process wake PID --map ...` checkpoint its GPU state at the process level "
+        "(`ferry help process`); to make it a ferry job, restart it as `ferry run -- COMMAND`"
     )
 
 

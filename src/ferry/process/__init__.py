@@ -7,19 +7,12 @@ Install with ``pip install 'gpuferry[process]'`` (cuda-bindings, nvidia-ml-py).
 
 from __future__ import annotations
 
-from ferry.process.cuda import (
-    PLANS,
-    TRANSITIONS,
-    CudaProcess,
-    Outcome,
-    SuspendRecord,
-    check_transition,
-    load_record,
-    plan,
-)
+from ferry.process.cuda import CudaProcess, Outcome
 from ferry.process.driver import Driver, DriverCallError, DriverInfo, ProcessState, load_driver
 from ferry.process.nvml import GpuInfo, GpuUsage, NvmlUnavailable
 from ferry.process.preflight import Finding, Report, check_remap, scan_process
+from ferry.process.record import SuspendRecord, load_record
+from ferry.process.states import PLANS, TRANSITIONS, check_transition, plan
 from ferry.process.uuids import GpuUuid, complete_mapping, normalize_mapping, parse_mapping_items
 
 __all__ = [

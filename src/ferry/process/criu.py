@@ -23,6 +23,7 @@ from typing import Any
 
 from ferry.errors import ConfigError, ProcessCheckpointError
 from ferry.process import nvml
+from ferry.process.pids import check_pid, require_alive
 
 MIN_GPU_CRIU = (4, 0)
 """CRIU with the CUDA plugin (criu/plugins/cuda) and its device hooks."""
@@ -114,7 +115,7 @@ def requirements(gpu: bool) -> CriuInfo:
     if os.geteuid() != 0:
         raise ProcessCheckpointError(
             "criu dump and restore need root (CAP_SYS_ADMIN, CAP_CHECKPOINT_RESTORE): "
-            "run ferry dump/restore as root"
+            "run ferry process dump/restore as root"
         )
     info = find_criu()
     missing = []
@@ -152,8 +153,6 @@ def requirements(gpu: bool) -> CriuInfo:
 
 def dump(pid: int, directory: str, *, leave_running: bool = False) -> DumpResult:
     """Write ``pid``'s process tree to ``directory`` (created; must hold no dump yet)."""
-    from ferry.process.cuda import check_pid, require_alive
-
     require_alive(check_pid(pid))
     directory = os.path.abspath(directory)
     if os.path.exists(os.path.join(directory, "inventory.img")):
@@ -192,7 +191,7 @@ def restore(directory: str) -> RestoreResult:
     directory = os.path.abspath(directory)
     if not os.path.exists(os.path.join(directory, "inventory.img")):
         raise ConfigError(
-            f"{directory} holds no CRIU dump (no inventory.img): give the folder `ferry dump` wrote"
+            f"{directory} holds no CRIU dump (no inventory.img): give the folder `ferry process dump` wrote"
         )
     try:
         with open(os.path.join(directory, MANIFEST)) as f:

@@ -1,24 +1,18 @@
 """``CudaProcess``: freeze a running CUDA process, release its GPU, and continue it later.
 
-The driver's state machine (cuCheckpointProcess*)::
-
-    RUNNING --lock--> LOCKED --checkpoint--> CHECKPOINTED --restore--> LOCKED --unlock--> RUNNING
-
-FAILED is terminal. Each public method checks the current state against ``TRANSITIONS``
-before it calls the driver, so an operator gets "lock it first" rather than a bare
-``CUDA_ERROR_ILLEGAL_STATE``. ``suspend`` and ``wake`` are the two-step operations the
-CLI offers; they are idempotent (suspending a suspended process does nothing) and
-``suspend`` unlocks the process again if the checkpoint step fails.
+Each public method checks the current state against the driver's state machine
+(``ferry.process.states``) before it calls the driver, so an operator gets "lock it
+first" rather than a bare ``CUDA_ERROR_ILLEGAL_STATE``. ``suspend`` and ``wake`` are the
+two-step operations the CLI offers; they are idempotent (suspending a suspended process
+does nothing) and ``suspend`` unlocks the process again if the checkpoint step fails.
 
 ``suspend`` records which GPUs the process held (through NVML, while it still holds
-them) in ``<FERRY_HOME>/process/<pid>.json``, so that a later ``wake`` with a GPU mapping,
-in another process, can check that the mapping covers all of them.
+them; ``ferry.process.record``), so that a later ``wake`` with a GPU mapping, in another
+process, can check that the mapping covers all of them.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,159 +22,10 @@ from ferry.errors import ConfigError, ProcessCheckpointError
 from ferry.process import nvml, preflight
 from ferry.process.driver import Driver, ProcessState, check_permission, load_driver
 from ferry.process.nvml import GpuUsage
+from ferry.process.pids import check_pid, require_alive, start_time
+from ferry.process.record import SuspendRecord, drop_record, load_record, save_record
+from ferry.process.states import check_transition, plan
 from ferry.process.uuids import GpuMapping, GpuUuid, MappingInput, complete_mapping, normalize_mapping
-from ferry.runtime.jobdir import ferry_home, read_json, write_json_atomic
-
-TRANSITIONS: dict[str, tuple[ProcessState, ProcessState]] = {
-    "lock": (ProcessState.RUNNING, ProcessState.LOCKED),
-    "checkpoint": (ProcessState.LOCKED, ProcessState.CHECKPOINTED),
-    "restore": (ProcessState.CHECKPOINTED, ProcessState.LOCKED),
-    "unlock": (ProcessState.LOCKED, ProcessState.RUNNING),
-}
-
-_WHAT_TO_DO: dict[tuple[str, ProcessState], str] = {
-    ("lock", ProcessState.LOCKED): "it is already locked",
-    ("lock", ProcessState.CHECKPOINTED): "it is suspended; wake it (restore, unlock) first",
-    ("checkpoint", ProcessState.RUNNING): "lock it first (`ferry suspend` locks and checkpoints)",
-    ("checkpoint", ProcessState.CHECKPOINTED): "it is already checkpointed",
-    ("restore", ProcessState.RUNNING): "it is not suspended",
-    ("restore", ProcessState.LOCKED): "it is not checkpointed (restored already, or only locked): unlock it",
-    ("unlock", ProcessState.RUNNING): "it is not locked",
-    ("unlock", ProcessState.CHECKPOINTED): "restore it first (`ferry wake` restores and unlocks)",
-}
-
-# The driver steps that take a process from each state to "suspended" or "awake".
-PLANS: dict[str, dict[ProcessState, tuple[str, ...]]] = {
-    "suspend": {
-        ProcessState.RUNNING: ("lock", "checkpoint"),
-        ProcessState.LOCKED: ("checkpoint",),
-        ProcessState.CHECKPOINTED: (),
-    },
-    "wake": {
-        ProcessState.CHECKPOINTED: ("restore", "unlock"),
-        ProcessState.LOCKED: ("unlock",),
-        ProcessState.RUNNING: (),
-    },
-}
-
-
-def check_transition(op: str, state: ProcessState, pid: int) -> None:
-    """Raise, saying what to do, unless the driver allows ``op`` from ``state``."""
-    if op not in TRANSITIONS:
-        raise ConfigError(f"unknown operation {op!r}; one of {', '.join(TRANSITIONS)}")
-    _require_usable(state, pid)
-    needed = TRANSITIONS[op][0]
-    if state != needed:
-        hint = _WHAT_TO_DO.get((op, state), "")
-        raise ProcessCheckpointError(
-            f"cannot {op} pid {pid}: it is {state.value}, {op} needs "
-            f"{needed.value}" + (f"; {hint}" if hint else "")
-        )
-
-
-def plan(action: str, state: ProcessState, pid: int) -> tuple[str, ...]:
-    """The driver steps ``suspend`` or ``wake`` take from ``state`` (empty: already there)."""
-    _require_usable(state, pid)
-    return PLANS[action][state]
-
-
-def _require_usable(state: ProcessState, pid: int) -> None:
-    if state == ProcessState.FAILED:
-        raise ProcessCheckpointError(
-            f"the driver reports that pid {pid} failed during a checkpoint or "
-            "restore; it cannot be recovered: stop it and resume from a "
-            "framework-level checkpoint"
-        )
-    if state in (ProcessState.CHECKPOINTING, ProcessState.RESTORING):
-        raise ProcessCheckpointError(
-            f"pid {pid} is {state.value} (another tool is moving its memory); wait and retry"
-        )
-
-
-def check_pid(pid: object) -> int:
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-        raise ConfigError(f"a PID is a positive integer, got {pid!r}")
-    return pid
-
-
-def start_time(pid: int) -> int | None:
-    """Clock ticks since boot at which ``pid`` started: tells a process from a later one with its PID."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])  # field 22; the name in (...) may hold spaces
-
-
-def require_alive(pid: int) -> None:
-    if start_time(pid) is None:
-        raise ProcessCheckpointError(
-            f"no process with pid {pid} on this machine (it exited, or lives in another PID namespace)"
-        )
-
-
-@dataclass
-class SuspendRecord:
-    """What ``suspend`` knew about the process, for a later ``wake`` (possibly another ferry)."""
-
-    pid: int
-    start_time: int | None
-    gpus: list[GpuUsage] | None
-    """GPUs the process held when it was locked; None when NVML was unavailable."""
-    opened: list[GpuUuid] = field(default_factory=list)
-    """GPUs whose device files it had open (a mapping must place these too)."""
-    suspended_at: float = field(default_factory=time.time)
-    warnings: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "pid": self.pid,
-            "start_time": self.start_time,
-            "suspended_at": self.suspended_at,
-            "gpus": None if self.gpus is None else [g.to_dict() for g in self.gpus],
-            "opened": [str(g) for g in self.opened],
-            "warnings": self.warnings,
-        }
-
-    @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> SuspendRecord:
-        gpus = doc.get("gpus")
-        return cls(
-            int(doc["pid"]),
-            doc.get("start_time"),
-            None if gpus is None else [GpuUsage.from_dict(g) for g in gpus],
-            [GpuUuid.parse(g) for g in doc.get("opened", [])],
-            float(doc.get("suspended_at", 0.0)),
-            list(doc.get("warnings", [])),
-        )
-
-
-def record_path(pid: int) -> str:
-    return os.path.join(ferry_home(), "process", f"{pid}.json")
-
-
-def save_record(record: SuspendRecord) -> str:
-    path = record_path(record.pid)
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    write_json_atomic(path, record.to_dict())
-    return path
-
-
-def load_record(pid: int) -> SuspendRecord | None:
-    """The record of ``pid``'s suspend, unless it is missing or belongs to an earlier process."""
-    try:
-        record = SuspendRecord.from_dict(read_json(record_path(pid)))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if record.start_time is not None and record.start_time != start_time(pid):
-        return None
-    return record
-
-
-def drop_record(pid: int) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(record_path(pid))
 
 
 def lock_timeout_ms(timeout: float | None) -> int:
@@ -368,7 +213,7 @@ class CudaProcess:
             if self.driver.get_state(self.pid) == ProcessState.LOCKED:
                 self.driver.unlock(self.pid)
         except ProcessCheckpointError:
-            pass  # the original error says more; process-state shows where it was left
+            pass  # the original error says more; `ferry process state` shows where it was left
 
     def wake(self, gpu_mapping: MappingInput | None = None) -> Outcome:
         """Restore (onto other GPUs if mapped) and unlock: the process continues where it stopped."""

@@ -95,7 +95,7 @@ _HINTS: dict[str, str] = {
     "CUDA_ERROR_INVALID_VALUE": "the driver does not know this PID as a CUDA process (it has not "
     "initialized CUDA, has exited, or lives in another PID namespace), or an argument is invalid",
     "CUDA_ERROR_ILLEGAL_STATE": "the process is not in the state this step needs; check it with "
-    "`ferry process-state PID`",
+    "`ferry process state PID`",
     "CUDA_ERROR_NOT_SUPPORTED": "the driver cannot do this for this process (x86_64 Linux only; no UVM, "
     "IPC memory, MIG or MPS), or restoring onto other GPUs needs driver r580 or newer",
     "CUDA_ERROR_NOT_INITIALIZED": "cuInit failed in this process; check `nvidia-smi`",

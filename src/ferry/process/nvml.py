@@ -2,7 +2,7 @@
 
 NVML (``nvidia-ml-py``) is optional. Without it, or without a driver, every function
 raises ``NvmlUnavailable`` (a ``ProcessCheckpointError``) saying why; callers that can go
-on without the information (preflight, ``process-state``) turn that into a warning.
+on without the information (preflight, ``ferry process state``) turn that into a warning.
 """
 
 from __future__ import annotations

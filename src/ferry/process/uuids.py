@@ -121,8 +121,8 @@ def complete_mapping(
     if not used:
         raise ConfigError(
             "ferry does not know which GPUs the process used, so it cannot check that "
-            "the mapping covers all of them: suspend it with `ferry suspend` (which "
-            "records them) or pass gpus= to CudaProcess"
+            "the mapping covers all of them: suspend it with `ferry process "
+            "suspend` (which records them) or pass gpus= to CudaProcess"
         )
     used_set = set(used)
     every = used_set | set(opened)
