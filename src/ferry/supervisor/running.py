@@ -66,6 +66,8 @@ class RunningJob:
         self.job, self.launch, self.pump, self.slot = job, launch, pump, slot
         self.scheduler, self.gate = scheduler, gate
         self.options = launch.options
+        self.grace = self.options.grace_seconds or LEFTOVER_SECONDS
+        """How long a worker left behind gets to exit before SIGKILL."""
         self.tally = RestartTally()
         self.worker: WorkerGroup | None = None
         """The job's worker from its first start on."""
@@ -83,7 +85,7 @@ class RunningJob:
                     worker = self._take_over(worker)
                     continue
                 self.slot.reap_retiring(
-                    current=self.worker, grace=self._grace, exit_code=self.options.exit_code, wait=True
+                    current=self.worker, grace=self.grace, exit_code=self.options.exit_code, wait=True
                 )
                 worker.clear()
                 self.slot.groups.discard(worker.pid)
@@ -100,13 +102,9 @@ class RunningJob:
         except OSError as exc:  # the next run answers them
             log.warning("ferry run: cannot answer the requests left in %s: %s", self.job.control, exc)
         if self.slot.retiring is not None:
-            self.slot.retiring.abandon(self._grace)
+            self.slot.retiring.abandon(self.grace)
         if self.worker is not None:
-            self.worker.abandon(self._grace)
-
-    @property
-    def _grace(self) -> float:
-        return self.options.grace_seconds or LEFTOVER_SECONDS
+            self.worker.abandon(self.grace)
 
     # ------------------------------------------------------------------ starting a worker
     def _start(self) -> WorkerGroup:
@@ -177,7 +175,7 @@ class RunningJob:
         when it handed its state over to the warm worker (it is exiting)."""
         while True:
             self.pump.forward(worker)
-            self.slot.reap_retiring(current=self.worker, grace=self._grace, exit_code=self.options.exit_code)
+            self.slot.reap_retiring(current=self.worker, grace=self.grace, exit_code=self.options.exit_code)
             returncode = worker.poll()
             if returncode is not None:
                 return returncode
