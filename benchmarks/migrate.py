@@ -3,7 +3,7 @@ against the restart it replaces, on real ``ferry run`` jobs moved with ``ferry m
 
 A job is an MLP with AdamW on the CPU, sized so that its state (parameters and both moments)
 is ``--size-mb`` (default: one job of 80 MiB and one of 1024 MiB), trained under
-``ferry run --restarts N`` in explicit mode. Each round moves it twice warm (to devices 1,
+``ferry run --max-restarts N`` in explicit mode. Each round moves it twice warm (to devices 1,
 then back to 0) and twice cold (``--cold``), interleaved, so that the load of a shared
 machine hits both alike; figures are medians over ``--rounds`` (at least 5) migrations of
 each kind. ``ferry migrate --json`` reports each migration's parts, measured in the same run
@@ -138,7 +138,7 @@ def measure(root: str, size_mb: int, rounds: int) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FERRY_")}
     env.update(FERRY_HOME=os.path.join(root, "home"), PYTHONWARNINGS="ignore")
     argv = [*FERRY, "run", "--no-autotrack", "--job-id", job, "--dir", os.path.join(root, f"ck-{size_mb}"),
-            "--restarts", str(4 * rounds + 1), "--keep-last", "2", "--env", "CUDA_VISIBLE_DEVICES=0",
+            "--max-restarts", str(4 * rounds + 1), "--keep-last", "2", "--env", "CUDA_VISIBLE_DEVICES=0",
             "--", sys.executable, os.path.abspath(__file__), "--child", str(size_mb)]  # fmt: skip
     started = Started(argv, env)
     warm: list[dict[str, Any]] = []

@@ -36,7 +36,7 @@ def recording(seen: Path, out: Path) -> list[str]:
 def test_migrate_moves_the_worker_and_stays_bitwise(tmp_path: Path, reference: Path) -> None:
     home, out, seen = tmp_path / "home", tmp_path / "run", tmp_path / "seen.txt"
     path = home / "jobs" / "m"
-    proc = start(home, "m", tmp_path / "ck", recording(seen, out), "--restarts", "1",
+    proc = start(home, "m", tmp_path / "ck", recording(seen, out), "--max-restarts", "1",
                  "--env", "CUDA_VISIBLE_DEVICES=0")  # fmt: skip
     wait_for("training to reach step 3", training(path), proc)
     first = status(path)["worker_pid"]

@@ -206,7 +206,7 @@ def test_restart_in_place_applies_the_requested_env(tmp_path: Path, reference: P
     seen = tmp_path / "seen.txt"
     command = [sys.executable, str(SCRIPTS / "launcher_wrap.py"), "--record-env", f"FERRY_TEST_MARK={seen}",
                "--out", str(tmp_path / "run"), "--sleep", "0.05"]  # fmt: skip
-    options = ["--no-autotrack", "--job-id", "f", "--dir", str(tmp_path / "ck"), "--restarts", "1",
+    options = ["--no-autotrack", "--job-id", "f", "--dir", str(tmp_path / "ck"), "--max-restarts", "1",
                "--env", "FERRY_TEST_MARK=1"]  # fmt: skip
     path = tmp_path / "jobs" / "f"
     proc = start(options, command, tmp_path)
@@ -274,6 +274,6 @@ def test_plain_commands_exit_codes_and_failures(here: Path, tmp_path: Path) -> N
     ]  # fmt: skip
     assert job.status()["state"] == "finished" and job.status()["failures"] == 1
 
-    stopped = invoke("--no-autotrack", "--job-id", "h3", "--restarts", "1", "--", "sh", "-c", "exit 85")
+    stopped = invoke("--no-autotrack", "--job-id", "h3", "--max-restarts", "1", "--", "sh", "-c", "exit 85")
     assert stopped.exit_code == EXIT_CHECKPOINTED, stopped.output  # no restart was asked for
     assert status(tmp_path / "jobs" / "h3")["state"] == "checkpointed"

@@ -92,7 +92,7 @@ def test_sigkill_of_ferry_run_after_a_warm_take_over_checkpoints_and_resumes_exa
     home, path = tmp_path / "home", tmp_path / "home" / "jobs" / "w"
     (tmp_path / "slow").touch()
     # 120 steps of 0.4 s: room for a warm worker's start (python and torch) on a busy machine
-    proc = start(home, "w", tmp_path / "ck", [*command(tmp_path, sleep=0.4), *epochs], "--restarts", "1")
+    proc = start(home, "w", tmp_path / "ck", [*command(tmp_path, sleep=0.4), *epochs], "--max-restarts", "1")
     wait_for("training to reach step 3", training(path), proc)
     moved = ferry(home, "migrate", "w", "--to", "1", "--unchecked-devices", "--timeout", "60", "--json")
     assert moved.exit_code == 0, moved.output

@@ -69,7 +69,7 @@ def test_function_checkpoint_survives_an_in_place_restart(tmp_path: Path) -> Non
     )
     assert ref.returncode == 0, ref.stderr
     path = tmp_path / "home" / "jobs" / "fr"
-    options = ["--no-autotrack", "--job-id", "fr", "--dir", str(tmp_path / "ck"), "--restarts", "1"]
+    options = ["--no-autotrack", "--job-id", "fr", "--dir", str(tmp_path / "ck"), "--max-restarts", "1"]
     command = [*FUNCTIONS, "--out", str(tmp_path / "run"), "--sleep", "0.1"]
     proc = subprocess.Popen(
         [*FERRY, *options, "--", *command],

@@ -61,7 +61,7 @@ def test_warm_moves_then_a_kill_and_a_stop_during_the_overlap_bitwise(
     reference = reference_run(tmp_path_factory, args=EPOCHS)
     home, path = tmp_path / "home", tmp_path / "home" / "jobs" / "w"
     (tmp_path / "slow").touch()  # training steps take 0.2 s until the test is done with the job
-    proc = start(home, "w", tmp_path / "ck", command(tmp_path), "--restarts", "3", "--every-steps", "3",
+    proc = start(home, "w", tmp_path / "ck", command(tmp_path), "--max-restarts", "3", "--every-steps", "3",
                  "--env", "CUDA_VISIBLE_DEVICES=0")  # fmt: skip
     wait_for("training to reach step 3", training(path), proc)
     first = status(path)["worker_pid"]

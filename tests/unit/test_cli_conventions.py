@@ -98,10 +98,10 @@ def test_a_bundle_carries_no_variable_of_the_old_job() -> None:
 def test_the_resume_command_names_the_new_root() -> None:
     line = resume_command(
         job_id="r1", checkpoint_dir="/ck/r 1", command=["python", "t.py"], env={"FERRY_EVERY_STEPS": "5"},
-        cwd="/w", autotrack=False, restarts=1,
+        cwd="/w", autotrack=False, max_restarts=1,
     )  # fmt: skip
     assert line == (
-        "cd /w && ferry run --job-id r1 --dir '/ck/r 1' --restarts 1 --no-autotrack "
+        "cd /w && ferry run --job-id r1 --dir '/ck/r 1' --max-restarts 1 --no-autotrack "
         "--env FERRY_EVERY_STEPS=5 -- python t.py"
     )
 
@@ -254,7 +254,7 @@ def test_the_resume_hint_passes_what_ferry_run_sets_itself_as_options_not_env() 
     env = {key: "x" for key in SUPERVISOR_OWNED} | {"FERRY_EXIT_CODE": "77", "FERRY_EVERY_STEPS": "5"}
     line = resume_command(
         job_id="j", checkpoint_dir="/ck", command=["python", "t.py"], env=env, cwd=None,
-        autotrack=True, restarts=0,
+        autotrack=True, max_restarts=0,
     )  # fmt: skip
     assert "--exit-code 77" in line and "--env FERRY_EVERY_STEPS=5" in line
     assert not any(f"--env {key}=" in line for key in SUPERVISOR_OWNED), line

@@ -102,7 +102,7 @@ def test_busy_and_bad_devices_leave_the_job_untouched(live: Any) -> None:
         )  # fmt: skip
         untouched(job, worker)
     job.update_status("running", step=9, restarts=1)
-    one_line_error(ferry(home, "migrate", "w", "--to", "1"), 8, "no in-place restart left", "--restarts")
+    one_line_error(ferry(home, "migrate", "w", "--to", "1"), 8, "no in-place restart left", "--max-restarts")
     untouched(job, worker)
 
 

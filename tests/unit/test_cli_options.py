@@ -36,7 +36,8 @@ BAD = [
     (["run", "--exit-code", "0"], "--exit-code", "must be from 1 to 255 and not 86"),
     (["run", "--exit-code", "86"], "--exit-code", "must be from 1 to 255 and not 86"),
     (["run", "--grace", "-1"], "--grace", "0 or more, up to a year (0: never)"),
-    (["run", "--restarts", "-1"], "--restarts", "a whole number, from 0 to 1,000,000"),
+    (["run", "--max-restarts", "-1"], "--max-restarts", "a whole number, from 0 to 1,000,000"),
+    (["run", "--restarts", "-1"], "--max-restarts", "a whole number, from 0 to 1,000,000"),
     (["run", "--max-failures", "2000000"], "--max-failures", "from 0 to 1,000,000"),
     (["run", "--backoff", "inf"], "--backoff", "a number of seconds, 0 or more"),
     (["run", "--env", "NOVALUE"], "--env", "'NOVALUE' is not NAME=VALUE"),
@@ -49,7 +50,7 @@ BAD = [
     (["stop", "j", "--timeout", "nan"], "--timeout", "above 0"),
     (["migrate", "j", "--to", "cuda:1"], "--to", "not a device list"),
     (["resume", "b", "--gpus", "1,1"], "--gpus", "names a device twice"),
-    (["resume", "b", "--restarts", "-1"], "--restarts", "from 0 to 1,000,000"),
+    (["resume", "b", "--max-restarts", "-1"], "--max-restarts", "from 0 to 1,000,000"),
     (["resume", "b", "--dir", "memory://x"], "--dir", "memory://"),
     (["resume", "b", "--job-id", ".."], "--job-id", "names a folder"),
     (["prune", "--older-than", "soon"], "--older-than", "'soon' is not an age"),
@@ -76,6 +77,19 @@ def test_every_bad_option_is_a_usage_error_naming_it(
     for word in words.split("; "):
         assert word in last, last
     assert "ferry: error" not in result.stderr and not os.path.exists(tmp_path / "jobs")
+
+
+@pytest.mark.parametrize("verb", ["run", "resume"])
+def test_max_restarts_is_shown_and_the_old_restarts_still_parses(tmp_path: Path, verb: str) -> None:
+    """Issue 32: ``--restarts`` (a limit, beside the supervisor's count of restarts) is now
+    ``--max-restarts`` in ``--help``; the old name still works, hidden, for older scripts."""
+    shown = ferry(tmp_path, verb, "--help").output
+    assert "--max-restarts" in shown and "--restarts" not in shown.replace("--max-restarts", "")
+    command = main.get_command(click.Context(main), verb)
+    assert command is not None
+    for name in ("--max-restarts", "--restarts"):
+        argv = [*(["b"] if verb == "resume" else []), name, "3", "--", "true"]
+        assert command.make_context(verb, argv).params["max_restarts"] == 3
 
 
 def test_a_missing_backend_is_named_with_its_extra_before_any_worker() -> None:

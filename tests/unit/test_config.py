@@ -324,7 +324,7 @@ def test_known_schemes_pass(url: str) -> None:
 
 # ------------------------------------------------------------------ ferry run's own options
 RUN_NUMERIC = {
-    "restarts": HOSTILE,
+    "max_restarts": HOSTILE,
     "max_failures": HOSTILE,
     "backoff_seconds": HOSTILE,
     "grace_seconds": HOSTILE,
@@ -351,6 +351,7 @@ CLI_BAD = [
     ["--every-steps", "-1"],
     ["--keep-last", "0"],
     ["--restarts", "-1"],
+    ["--max-restarts", "-1"],
     ["--max-failures", "99999999999"],
     ["--exit-code", "0"],
     ["--exit-code", "300"],

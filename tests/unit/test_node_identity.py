@@ -19,7 +19,7 @@ from ferry.runtime.launch import Nodes, nodes_of, rank_exit_code, torchrun_optio
 from ferry.runtime.peerwatch import DONE, Silence, beat_interval, describe
 from ferry.runtime.rootlock import LOCK_NAME, RootLock, nodes
 from ferry.schedulers.slurm import SlurmAdapter, claim_name
-from ferry.supervisor.decide import WorkerExit, decide
+from ferry.supervisor.decide import WorkerExit, decide_exit
 from ferry.supervisor.options import RunOptions
 
 T = "/usr/bin/torchrun"
@@ -195,16 +195,16 @@ def test_a_store_that_stops_answering_counts_as_silence() -> None:
 
 def test_a_node_whose_ranks_exited_0_after_a_stop_ends_checkpointed() -> None:
     o = RunOptions()
-    after_signal = decide(WorkerExit(returncode=0, checkpointed=True, stop_signal="SIGTERM"), o, "/ck")
+    after_signal = decide_exit(WorkerExit(returncode=0, checkpointed=True, stop_signal="SIGTERM"), o, "/ck")
     assert (after_signal.action, after_signal.code, after_signal.hand_back) == ("checkpointed", 85, True)
-    asked = decide(WorkerExit(returncode=0, checkpointed=True), o, "/ck")  # another node was asked
+    asked = decide_exit(WorkerExit(returncode=0, checkpointed=True), o, "/ck")  # another node was asked
     assert (asked.action, asked.code, asked.notes) == ("checkpointed", 85, ())
-    assert decide(WorkerExit(returncode=0), o, "/ck").action == "finished"
+    assert decide_exit(WorkerExit(returncode=0), o, "/ck").action == "finished"
 
 
 def test_a_failed_node_says_why_its_ranks_said() -> None:
     why = "rank 1 (node 1, host b) has not been heard from for 60 s"
-    failed = decide(WorkerExit(returncode=1, error=why), RunOptions(), "/ck")
+    failed = decide_exit(WorkerExit(returncode=1, error=why), RunOptions(), "/ck")
     assert failed.action == "failed" and failed.message.endswith(f": {why}")
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ferry.knobs import BACKOFF_CAP_SECONDS, CHECKPOINT_EXIT_CODE, backoff_delay
-from ferry.supervisor import RunOptions, WorkerExit, decide
+from ferry.supervisor import RunOptions, WorkerExit, decide_exit
 from ferry.supervisor.decide import exit_status, resume_hint
 from ferry.supervisor.stopping import StopProgress, grace_kill_notice, stop_notice, stop_progress
 
@@ -46,10 +46,10 @@ ROWS: list[tuple[str, WorkerExit, RunOptions, str, int, float, str]] = [
      "period; the last committed checkpoint, step 1, stays"),
     ("KeyboardInterrupt", X(130, "SIGINT"), Opt(), "failed", 130, 0, "130 after SIGINT, without a committed"),
     ("stop, then a crash", X(-11, "SIGTERM"), Opt(), "failed", 139, 0, "killed by SIGSEGV before it"),
-    ("restart asked", X(85, restart=GPU1), Opt(restarts=2), "restart", 0, 0, "(1 of 2) with CUDA_VIS"),
-    ("2nd restart", X(85, restart=GPU1, restarts=1), Opt(restarts=2), "restart", 0, 0, "(2 of 2)"),
-    ("restarts used", X(85, restart=GPU1, restarts=2), Opt(restarts=2), "checkpointed", 85, 0, "and stopped"),
-    ("restart, stop", X(85, "SIGINT", restart=GPU1), Opt(restarts=2), "checkpointed", 85, 0, "on SIGINT"),
+    ("restart asked", X(85, restart=GPU1), Opt(max_restarts=2), "restart", 0, 0, "(1 of 2) with CUDA_VIS"),
+    ("2nd restart", X(85, restart=GPU1, restarts=1), Opt(max_restarts=2), "restart", 0, 0, "(2 of 2)"),
+    ("restarts used", X(85, restart=GPU1, restarts=2), Opt(max_restarts=2), "checkpointed", 85, 0, "stopped"),
+    ("restart, stop", X(85, "SIGINT", restart=GPU1), Opt(max_restarts=2), "checkpointed", 85, 0, "on SIGINT"),
     ("crash, none allowed", X(1), Opt(), "failed", 1, 0, "exited with 1 (--max-failures N restarts it)"),
     ("crash, 1st of 3", X(1), Opt(max_failures=3), "backoff", 85, 1.0, "1; a stop signal came during"),
     ("crash, 3rd of 3", X(1, failures=2), Opt(max_failures=3), "backoff", 85, 4.0, "exited with 1"),
@@ -67,29 +67,29 @@ ROWS: list[tuple[str, WorkerExit, RunOptions, str, int, float, str]] = [
 def test_the_decision_after_an_exit(
     exited: WorkerExit, options: RunOptions, action: str, code: int, delay: float, words: str
 ) -> None:
-    decision = decide(exited, options, CKPT)
+    decision = decide_exit(exited, options, CKPT)
     assert (decision.action, decision.code, decision.delay) == (action, code, delay)
     assert words in decision.message
     assert decision.hand_back == (action == "checkpointed" and exited.stop_signal is not None)
 
 
 def test_a_restart_carries_the_requested_env_and_unsets_none() -> None:
-    decision = decide(
+    decision = decide_exit(
         WorkerExit(returncode=85, restart={"CUDA_VISIBLE_DEVICES": "1", "OLD": None, "N": 3}),
-        RunOptions(restarts=1),
+        RunOptions(max_restarts=1),
         CKPT,
     )
     assert decision.env == {"CUDA_VISIBLE_DEVICES": "1", "OLD": None, "N": "3"}
 
 
 def test_the_notes_say_why_a_code_was_reread_or_a_restart_refused() -> None:
-    reread = decide(WorkerExit(returncode=1, checkpointed=True), RunOptions(), CKPT)
+    reread = decide_exit(WorkerExit(returncode=1, checkpointed=True), RunOptions(), CKPT)
     assert [n for _, n in reread.notes] == [
         "ferry run: the worker exited with 1, but its job committed a checkpoint and stopped: "
         "treating it as checkpointed"
     ]
-    refused = decide(WorkerExit(returncode=85, restart={}), RunOptions(), CKPT)
-    assert "0 of 0 restarts are used (--restarts): exiting with 85 instead" in refused.notes[0][1]
+    refused = decide_exit(WorkerExit(returncode=85, restart={}), RunOptions(), CKPT)
+    assert "0 of 0 restarts are used (--max-restarts): exiting with 85 instead" in refused.notes[0][1]
 
 
 def test_the_resume_hint_is_the_same_command_in_the_same_folder() -> None:

@@ -217,7 +217,7 @@ class Soak:
             sys.executable, "-c", "import sys; from ferry.cli import main; sys.argv[0] = 'ferry'; main()",
             "run", "--dir", os.path.join(ckpt, "job"), "--job-id", self.job_id,
             "--every-steps", str(self.options.every_steps), "--max-failures", str(budget),
-            "--restarts", str(budget), "--backoff", str(CHAOS_BACKOFF_SECONDS), "--", *self.command,
+            "--max-restarts", str(budget), "--backoff", str(CHAOS_BACKOFF_SECONDS), "--", *self.command,
         ]  # fmt: skip
         env = dict(self.env)
         if self.remote is not None:  # each round copies to a prefix of its own

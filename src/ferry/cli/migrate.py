@@ -11,7 +11,7 @@ import click
 from ferry.cli.complete import complete_job
 from ferry.cli.jobs import EPILOG
 from ferry.cli.output import emit_json, json_option
-from ferry.cli.params import GRACE, POSITIVE_SECONDS, Checked, Whole, check_timeout
+from ferry.cli.params import GRACE, POSITIVE_SECONDS, Checked, OldNamesHidden, Whole, check_timeout
 from ferry.cli.run import JOB_ID, ROOT
 from ferry.errors import ConfigError
 from ferry.knobs import GRACE_SECONDS, REQUEST_TIMEOUT_SECONDS
@@ -84,7 +84,7 @@ def migrate_cmd(
     downtime: warm, drain (to the next safe point), hand-over (save included), restore and
     the first step's warm-up (beyond the second step's length); cold, drain, save, restart,
     restore. The job must run under
-    `ferry run --restarts N`.
+    `ferry run --max-restarts N`.
     """
     result = ops.migrate(
         find_job(job),
@@ -150,7 +150,9 @@ def export_cmd(job: str, dest_url: str, timeout: float, as_json: bool) -> None:
     help="Checkpoint root of the new job; the checkpoint is copied there. [default: ./ferry-checkpoints/ID]",
 )
 @click.option(
+    "--max-restarts",
     "--restarts",
+    cls=OldNamesHidden,
     type=Whole(0, MAX_RESTARTS),
     default=0,
     show_default=True,
@@ -178,7 +180,7 @@ def resume_cmd(
     gpus: str | None,
     job_id: str | None,
     checkpoint_dir: str | None,
-    restarts: int,
+    max_restarts: int,
     grace: float,
     warm: bool,
     no_autotrack: bool,
@@ -201,7 +203,9 @@ def resume_cmd(
     target = target if "://" in target else os.path.abspath(target)
     progress = _progress(as_json)
     if warm and bundles.load_bundle(source) is None:
-        _resume_warm(ctx, source, gpus, job_id, target, restarts, grace, no_autotrack, list(command), as_json)
+        _resume_warm(
+            ctx, source, gpus, job_id, target, max_restarts, grace, no_autotrack, list(command), as_json
+        )
         return
     argv, env, cwd, autotrack = bundles.prepare_resume(
         source, target, list(command), gpus, progress, meter_for(as_json)
@@ -216,14 +220,14 @@ def resume_cmd(
         env=env,
         cwd=cwd or os.getcwd(),
         autotrack=autotrack,
-        restarts=restarts,
+        max_restarts=max_restarts,
     )
     options = RunOptions(
         dir=target,
         job_id=job_id,
         env=env,
         autotrack=autotrack,
-        restarts=restarts,
+        max_restarts=max_restarts,
         grace_seconds=None if grace == 0 else grace,
         resume_command=again,
     )
@@ -239,7 +243,7 @@ def _resume_warm(
     gpus: str | None,
     job_id: str,
     target: str,
-    restarts: int,
+    max_restarts: int,
     grace: float,
     no_autotrack: bool,
     command: list[str],
@@ -264,14 +268,14 @@ def _resume_warm(
         env=env,
         cwd=os.getcwd(),
         autotrack=not no_autotrack,
-        restarts=restarts,
+        max_restarts=max_restarts,
     )
     options = RunOptions(
         dir=target,
         job_id=job_id,
         env=env,
         autotrack=not no_autotrack,
-        restarts=restarts,
+        max_restarts=max_restarts,
         grace_seconds=None if grace == 0 else grace,
         resume_command=again,
     )

@@ -7,6 +7,7 @@ The settings' own checks (``Config``, ``RunOptions``) stay, for callers from Pyt
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from typing import TypeVar
@@ -118,3 +119,16 @@ def check_timeout(timeout: float) -> float:
     if not (math.isfinite(timeout) and 0 < timeout <= MAX_SECONDS):
         raise ConfigError(f"--timeout must be a number of seconds > 0 and at most a year, got {timeout:g}")
     return timeout
+
+
+class OldNamesHidden(click.Option):
+    """An option renamed: its first name is the one ``--help`` and errors show; the names after
+    it (the old ones) still parse, for scripts written before the rename."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        shown = copy.copy(self)
+        shown.opts = self.opts[:1]
+        return click.Option.get_help_record(shown, ctx)
+
+    def get_error_hint(self, ctx: click.Context | None) -> str:
+        return f"'{self.opts[0]}'"

@@ -8,7 +8,7 @@ import click
 
 from ferry.cli.events import events_on_stdout
 from ferry.cli.output import json_option
-from ferry.cli.params import GRACE, POSITIVE_SECONDS, SECONDS, Checked, Whole
+from ferry.cli.params import GRACE, POSITIVE_SECONDS, SECONDS, Checked, OldNamesHidden, Whole
 from ferry.errors import ConfigError
 from ferry.knobs import (
     BACKOFF_CAP_SECONDS,
@@ -139,7 +139,9 @@ The job's identity, its directory and the restart rules: `ferry help jobs`.""",
     help="After a stop signal, SIGKILL the command if it has not exited within S seconds (0: never).",
 )
 @click.option(
+    "--max-restarts",
     "--restarts",
+    cls=OldNamesHidden,
     type=Whole(0, MAX_RESTARTS),
     default=0,
     show_default=True,
@@ -205,7 +207,7 @@ def run_cmd(
     keep_last: int | None,
     exit_code: int,
     grace: float,
-    restarts: int,
+    max_restarts: int,
     max_failures: int,
     backoff: float,
     env_pairs: tuple[tuple[str, str], ...],
@@ -226,7 +228,7 @@ def run_cmd(
         keep_last=keep_last,
         exit_code=exit_code,
         grace_seconds=None if grace == 0 else grace,
-        restarts=restarts,
+        max_restarts=max_restarts,
         max_failures=max_failures,
         backoff_seconds=backoff,
         autotrack=not no_autotrack,

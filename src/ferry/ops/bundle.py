@@ -284,14 +284,14 @@ def resume_command(
     env: dict[str, str],
     cwd: str | None,
     autotrack: bool,
-    restarts: int,
+    max_restarts: int,
 ) -> str:
     """The shell command that resumes a job started by ``ferry resume``: ``ferry run`` on its
     new checkpoint root. Running ``ferry resume BUNDLE`` again would start over from the
     bundle's checkpoint and silently drop every step taken since."""
     argv = ["ferry", "run", "--job-id", job_id, "--dir", checkpoint_dir]
-    if restarts:
-        argv += ["--restarts", str(restarts)]
+    if max_restarts:
+        argv += ["--max-restarts", str(max_restarts)]
     if not autotrack:
         argv.append("--no-autotrack")
     for key, value in sorted(env.items()):

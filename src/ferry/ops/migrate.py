@@ -86,14 +86,14 @@ def migrate(
     if not record.supervised:
         raise JobError(
             f"job {record.id} runs without `ferry run`: nobody can restart it in place; use "
-            "`ferry export` and `ferry resume`, or start it as `ferry run --restarts N -- ...`"
+            "`ferry export` and `ferry resume`, or start it as `ferry run --max-restarts N -- ...`"
         )
     allowed = record.status.get("max_restarts")
     done = int(record.status.get("restarts") or 0)
     if allowed is not None and done >= int(allowed):
         raise JobError(
             f"job {record.id} has no in-place restart left ({done} of {allowed} used): start it with "
-            "`ferry run --restarts N` to migrate it, or use `ferry export` and `ferry resume`"
+            "`ferry run --max-restarts N` to migrate it, or use `ferry export` and `ferry resume`"
         )
     current = record.devices()
     target, warning = devices.check(target)

@@ -22,9 +22,9 @@ from typing import Literal
 
 from ferry.knobs import BACKOFF_CAP_SECONDS, backoff_delay
 from ferry.supervisor.options import RunOptions
-from ferry.supervisor.stopping import StopProgress, kept, signal_name
+from ferry.supervisor.stopping import StopProgress, signal_name, what_stays
 
-Action = Literal["finished", "checkpointed", "failed", "restart", "backoff"]
+ExitAction = Literal["finished", "checkpointed", "failed", "restart", "backoff"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,8 +56,10 @@ class WorkerExit:
 
 
 @dataclass(frozen=True)
-class Decision:
-    action: Action
+class ExitDecision:
+    """What the supervisor does after its worker exited (``decide_exit``)."""
+
+    action: ExitAction
     """finished, checkpointed, failed: the supervisor ends with ``code``; restart: start the
     worker again now, with ``env`` applied; backoff: start it again after ``delay``."""
     code: int = 0
@@ -123,13 +125,40 @@ def resume_hint(options: RunOptions, checkpoint_dir: str) -> str:
     return "run the same command again, in the same folder, to resume"
 
 
-def decide(w: WorkerExit, o: RunOptions, checkpoint_dir: str) -> Decision:
+def decide_exit(w: WorkerExit, o: RunOptions, checkpoint_dir: str) -> ExitDecision:
     """What the supervisor does after the exit ``w``, under options ``o`` (whose exit_code
-    is already the scheduler's checkpoint code)."""
-    returncode, code = w.returncode, exit_status(w.returncode)
-    if returncode == 0 and not w.checkpointed:
-        return Decision("finished", 0, "the worker finished")
-    notes: list[tuple[int, str]] = []
+    is already the scheduler's checkpoint code): a dispatch over the three cases (a stop
+    signal came; the worker checkpointed; it failed)."""
+    if w.returncode == 0 and not w.checkpointed:
+        return ExitDecision("finished", 0, "the worker finished")
+    case = _case(w, o, checkpoint_dir)
+    if w.stop_signal is not None:  # the scheduler (or the operator) wants the job gone
+        return _after_stop(case, w.stop_signal)
+    if case.returncode == o.exit_code:
+        return _after_checkpoint(case)
+    return _after_failure(case)
+
+
+@dataclass(frozen=True)
+class _Case:
+    """An exit being decided: the worker's, the options, and what every case words alike."""
+
+    w: WorkerExit
+    o: RunOptions
+    returncode: int
+    """The return code to decide on: the checkpoint code for a worker whose job committed a
+    checkpoint and stopped, whatever it exited with."""
+    code: int
+    """The exit status to end with (``exit_status(returncode)``)."""
+    notes: list[tuple[int, str]]
+    cause: str
+    """``: why`` when the job's status says why the worker failed, else empty."""
+    hint: str
+    """How to resume the job (``resume_hint``)."""
+
+
+def _case(w: WorkerExit, o: RunOptions, checkpoint_dir: str) -> _Case:
+    returncode, notes = w.returncode, []
     if returncode != o.exit_code and w.checkpointed:
         # a launcher in between: torchrun's ranks exit 0 after a stop under ferry run (an older
         # ferry's exited 85, which torchrun turns into a failure of its own)
@@ -141,56 +170,69 @@ def decide(w: WorkerExit, o: RunOptions, checkpoint_dir: str) -> Decision:
                     "and stopped: treating it as checkpointed",
                 )
             )
-        returncode, code = o.exit_code, exit_status(o.exit_code)
+        returncode = o.exit_code
     cause = f": {w.error}" if w.error else ""
-    hint = resume_hint(o, checkpoint_dir)
-    if w.stop_signal is not None:  # the scheduler (or the operator) wants the job gone
-        name = w.stop_signal
-        if returncode == o.exit_code:
-            message = f"checkpointed on {name}; {hint}"
-            return Decision("checkpointed", code, message, hand_back=True, notes=tuple(notes))
-        if w.killed:
-            why = f"was killed with SIGKILL after the {o.grace_seconds:g} s grace period"
-            if w.progress is not None:
-                why += f"; {kept(w.progress)}"
-        elif returncode < 0:
-            why = f"was killed by {signal_name(-returncode)} before it could checkpoint"
-        else:
-            why = f"exited with {returncode} after {name}, without a committed checkpoint"
-        return Decision("failed", code, f"the worker {why}{cause}", notes=tuple(notes))
+    return _Case(w, o, returncode, exit_status(returncode), notes, cause, resume_hint(o, checkpoint_dir))
+
+
+def _after_stop(c: _Case, name: str) -> ExitDecision:
+    """A stop signal came: the job ends, checkpointed (and handed back) or failed."""
+    w, o, returncode = c.w, c.o, c.returncode
     if returncode == o.exit_code:
-        if w.restart is not None and w.restarts < o.restarts:
-            env = {str(k): None if v is None else str(v) for k, v in w.restart.items()}
-            with_env = " with " + " ".join(f"{k}={v}" for k, v in env.items()) if env else ""
-            message = (
-                f"ferry run: restarting the worker in place ({w.restarts + 1} of {o.restarts}){with_env}"
+        message = f"checkpointed on {name}; {c.hint}"
+        return ExitDecision("checkpointed", c.code, message, hand_back=True, notes=tuple(c.notes))
+    if w.killed:
+        why = f"was killed with SIGKILL after the {o.grace_seconds:g} s grace period"
+        if w.progress is not None:
+            why += f"; {what_stays(w.progress)}"
+    elif returncode < 0:
+        why = f"was killed by {signal_name(-returncode)} before it could checkpoint"
+    else:
+        why = f"exited with {returncode} after {name}, without a committed checkpoint"
+    return ExitDecision("failed", c.code, f"the worker {why}{c.cause}", notes=tuple(c.notes))
+
+
+def _after_checkpoint(c: _Case) -> ExitDecision:
+    """The worker checkpointed and stopped with no stop signal: a restart request it was,
+    while in-place restarts remain."""
+    w, o, notes = c.w, c.o, c.notes
+    if w.restart is not None and w.restarts < o.max_restarts:
+        env = {str(k): None if v is None else str(v) for k, v in w.restart.items()}
+        with_env = " with " + " ".join(f"{k}={v}" for k, v in env.items()) if env else ""
+        message = (
+            f"ferry run: restarting the worker in place ({w.restarts + 1} of {o.max_restarts}){with_env}"
+        )
+        return ExitDecision("restart", message=message, env=env, notes=tuple(notes))
+    if w.restart is not None:
+        notes.append(
+            (
+                logging.WARNING,
+                f"ferry run: a restart in place was requested, but {w.restarts} of {o.max_restarts} "
+                f"restarts are used (--max-restarts): exiting with {c.code} instead",
             )
-            return Decision("restart", message=message, env=env, notes=tuple(notes))
-        if w.restart is not None:
-            notes.append(
-                (
-                    logging.WARNING,
-                    f"ferry run: a restart in place was requested, but {w.restarts} of {o.restarts} "
-                    f"restarts are used (--restarts): exiting with {code} instead",
-                )
-            )
-        message = f"the worker checkpointed and stopped; {hint}"
-        return Decision("checkpointed", code, message, notes=tuple(notes))
+        )
+    message = f"the worker checkpointed and stopped; {c.hint}"
+    return ExitDecision("checkpointed", c.code, message, notes=tuple(notes))
+
+
+def _after_failure(c: _Case) -> ExitDecision:
+    """A crash, or a death by a signal: restarted after a backoff while ``max_failures`` allows."""
+    w, o, returncode, code = c.w, c.o, c.returncode, c.code
     if returncode < 0 and signal_name(-returncode) in w.forwarded:
         message = f"the worker was killed by {signal_name(-returncode)}, which ferry run forwarded"
-        return Decision("failed", code, message)
+        return ExitDecision("failed", code, message)
     why = f"was killed by {signal_name(-returncode)}" if returncode < 0 else f"exited with {returncode}"
     if w.failures >= o.max_failures:
         left = "no restarts left" if o.max_failures else "--max-failures N restarts it"
-        return Decision("failed", code, f"the worker {why} ({left}){cause}")
+        return ExitDecision("failed", code, f"the worker {why} ({left}){c.cause}")
     failure = w.failures + 1
     delay = backoff_delay(o.backoff_seconds, failure, BACKOFF_CAP_SECONDS)
-    notes.append(
+    c.notes.append(
         (
             logging.WARNING,
-            f"ferry run: the worker {why}{cause}: failure {failure} of {o.max_failures} allowed; "
+            f"ferry run: the worker {why}{c.cause}: failure {failure} of {o.max_failures} allowed; "
             f"restarting it from its last checkpoint in {delay:g} s",
         )
     )
-    message = f"the worker {why}; a stop signal came during the backoff, before its restart; {hint}"
-    return Decision("backoff", o.exit_code, message, delay=delay, notes=tuple(notes))
+    message = f"the worker {why}; a stop signal came during the backoff, before its restart; {c.hint}"
+    return ExitDecision("backoff", o.exit_code, message, delay=delay, notes=tuple(c.notes))

@@ -17,12 +17,12 @@ from ferry.errors import ConfigError
 from ferry.knobs import BACKOFF_SECONDS, CHECKPOINT_EXIT_CODE, GRACE_SECONDS
 from ferry.storage import BACKENDS, scheme
 from ferry.storage.extras import missing_backend
-from ferry.supervisor.signals import FORWARDED
+from ferry.supervisor.forwarded import FORWARDED
 
 MAX_RESTARTS = 1_000_000
 """More in-place restarts or tolerated failures than this is a typo (or a crash loop)."""
 LIMITS = {
-    "restarts": Limits(low=0, high=MAX_RESTARTS, whole=True),
+    "max_restarts": Limits(low=0, high=MAX_RESTARTS, whole=True),
     "max_failures": Limits(low=0, high=MAX_RESTARTS, whole=True),
     "backoff_seconds": Limits(low=0.0, high=MAX_SECONDS, hint=" (a year)"),
 }
@@ -66,9 +66,10 @@ class RunOptions:
     grace_seconds: float | None = GRACE_SECONDS
     """After a stop signal, how long the worker gets to checkpoint and exit before its
     process group is SIGKILLed. None: never. Keep it below the scheduler's own kill timeout."""
-    restarts: int = 0
+    max_restarts: int = 0
     """In-place restarts allowed: a ``restart`` control request makes the worker checkpoint
-    and exit, and the supervisor starts it again with the request's env applied."""
+    and exit, and the supervisor starts it again with the request's env applied (the
+    supervisor counts those it did as ``restarts``)."""
     max_failures: int = 0
     """Failures (a non-zero exit other than the checkpoint code, or a death by a signal
     ferry did not send) after which the worker is still restarted from its last checkpoint."""

@@ -16,6 +16,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from ferry.errors import bug
+from ferry.supervisor.forwarded import FORWARDED
 from ferry.supervisor.stopping import StopProgress, grace_kill_notice, signal_name, stop_notice, stop_progress
 
 if TYPE_CHECKING:
@@ -23,37 +24,6 @@ if TYPE_CHECKING:
     from ferry.supervisor.worker import WorkerGroup
 
 log = logging.getLogger("ferry.run")
-
-_NOT_FORWARDED = {
-    name
-    for name in (
-        "SIGKILL",  # cannot be caught
-        "SIGSTOP",
-        "SIGCHLD",  # the supervisor's own: its worker changed state
-        "SIGSEGV",  # faults of the supervisor itself, not requests for the worker
-        "SIGBUS",
-        "SIGFPE",
-        "SIGILL",
-        "SIGTRAP",
-        "SIGSYS",
-        "SIGABRT",
-        "SIGPIPE",  # the supervisor's own output went away
-        "SIGTTIN",  # terminal job control of the supervisor itself
-        "SIGTTOU",
-    )
-    if hasattr(signal, name)
-}
-
-
-def _forwardable(signum: int) -> bool:
-    try:
-        return signal.Signals(signum).name not in _NOT_FORWARDED
-    except ValueError:  # a real-time signal without a name of its own
-        return True
-
-
-FORWARDED = tuple(int(s) for s in sorted(signal.valid_signals()) if _forwardable(s))
-"""Every signal the supervisor catches and passes on to the worker's process group."""
 
 
 class SignalPump:

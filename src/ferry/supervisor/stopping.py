@@ -66,11 +66,11 @@ def stop_notice(name: str, grace: float | None, *, repeated: bool, progress: Sto
         then = f"if it has not exited in {grace:.0f} s, SIGKILL ends it"
     return (
         f"ferry run: {name} again: the worker is already stopping ({where}); {then} "
-        f"(no checkpoint from this stop; {kept(progress)})"
+        f"(no checkpoint from this stop; {what_stays(progress)})"
     )
 
 
-def kept(progress: StopProgress) -> str:
+def what_stays(progress: StopProgress) -> str:
     """What a stop that ends without its checkpoint leaves the job."""
     if progress.last_checkpoint_step is None:
         return "the job has no committed checkpoint: a new run starts from the beginning"
@@ -85,5 +85,5 @@ def grace_kill_notice(name: str, grace: float, progress: StopProgress) -> str:
         why = "it reached no safe point after the signal (`ferry help zero-code`: loops without one)"
     return (
         f"ferry run: the worker did not exit within {grace:g} s of {name} ({why}): killing its "
-        f"process group with SIGKILL; this stop leaves no new checkpoint: {kept(progress)}"
+        f"process group with SIGKILL; this stop leaves no new checkpoint: {what_stays(progress)}"
     )
