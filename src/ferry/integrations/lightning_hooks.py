@@ -90,7 +90,7 @@ class Driven:
         self.saved: dict[str, Any] | None = session.saved_state(NAME)
         self.handed = False
         self.results: dict[str, Any] | None = None if self.saved is None else self.saved.get("results")
-        session.explicit({"model": trainer.lightning_module})  # zero-code discovery steps aside
+        session.leave_zero_code({"model": trainer.lightning_module})  # zero-code discovery steps aside
         session.framework_drives("Lightning")  # and its loaders are Lightning's
 
     def hand_over(self) -> dict[str, Any] | None:

@@ -94,7 +94,7 @@ class FerryCallback(TrainerCallback):  # type: ignore[misc]
             if self in callbacks:  # first: the safe point comes before any other on_step_begin
                 callbacks.remove(self)
                 callbacks.insert(0, self)
-            session.explicit({}, steps=True)  # zero-code discovery and loop capture step aside
+            session.leave_zero_code({}, steps=True)  # zero-code discovery and loop capture step aside
             session.framework_drives(FRAMEWORK)  # and the Trainer's loaders are the Trainer's
         return session
 

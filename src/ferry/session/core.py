@@ -36,7 +36,7 @@ from ferry.schedulers import detect as detect_scheduler
 from ferry.session import checkpointer, policy, resume, warm
 from ferry.session.loophooks import LoopExtras, LoopHooks, LoopState
 from ferry.session.reporting import Reporter
-from ferry.session.rngwatch import GeneratorWatch, Look
+from ferry.session.rngwatch import GeneratorScan, GeneratorWatch
 from ferry.session.savewatch import SaveWatch
 from ferry.state import loader_identity
 from ferry.state.generators import GeneratorState
@@ -79,7 +79,7 @@ class Session(LoopHooks):
         self.config = config or Config.from_env()
         # A warm worker (docs/jobs.md, "Warm migration") waits here, before it looks at the job
         # or writes anything of it, until the worker it replaces has handed its state over.
-        warm_wait = warm.hold(self.config.stop_signals)
+        warm_wait = warm.wait_for_takeover(self.config.stop_signals)
         _default_logging()
         if warm_wait is not None:
             log.info("ferry: taking over, after %.1f s at the restore point (a warm migration)", warm_wait)
@@ -125,7 +125,7 @@ class Session(LoopHooks):
         self.signals = signals
         self.discover: Callable[[], dict[str, Any]] | None = None
         """Zero-code mode: finds the state to save at the restore point and each checkpoint."""
-        self.uncaptured: Look | None = None
+        self.uncaptured: GeneratorScan | None = None
         """Zero-code mode: finds what it sees but cannot capture (the script's own random
         generators); those training draws from after the first safe point are warned about."""
         self._generators: GeneratorWatch | None = None
@@ -216,7 +216,7 @@ class Session(LoopHooks):
         elif self.loop is None:  # zero-code mode restores at the loop's restore point
             self.restore()
 
-    def explicit(self, objects: dict[str, Any], *, steps: bool = False) -> None:
+    def leave_zero_code(self, objects: dict[str, Any], *, steps: bool = False) -> None:
         """The script calls ``ferry.track`` or ``ferry.step``: if it tracks its loader, model
         or optimizer, or marks its own steps, it uses the explicit API, and zero-code mode's
         discovery and loop capture step aside (a script that tracks only lists, dicts or
@@ -305,12 +305,12 @@ class Session(LoopHooks):
             wishing=wish.save or wish.stop,
         ):
             return  # between the ranks' agreements: requests and signals wait for the next
-        decision = policy.decide(point, self.checkpointer.agree(point, wish))
-        if decision.action is policy.Action.NOTHING:
+        decision = policy.decide_at_safe_point(point, self.checkpointer.agree(point, wish))
+        if decision.action is policy.SafePointAction.NOTHING:
             return
         self.signals.checkpoint_requested = False
         requests, self._requests = self._requests, []
-        if decision.action is policy.Action.STOP:
+        if decision.action is policy.SafePointAction.STOP:
             self._stop(requests, decision.why, entered)
         else:
             self._save(requests, entered)

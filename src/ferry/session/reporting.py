@@ -15,8 +15,9 @@ from ferry.errors import bug
 from ferry.runtime.control import ControlInbox, Request
 from ferry.runtime.grace import slow_save_warning
 from ferry.runtime.jobdir import JobDir
-from ferry.runtime.launch import rank_exit_code
+from ferry.runtime.launch import under_ferry_agent
 from ferry.schedulers import SchedulerAdapter
+from ferry.session.policy import stop_exit_code
 
 log = logging.getLogger("ferry")
 
@@ -171,7 +172,7 @@ class Reporter:
 
     def stop_failed(self, step: int, exc: Exception, requests: list[Request]) -> int:
         """The checkpoint of a stop did not commit; returns the exit code that says so."""
-        code = self.config.failure_exit_code
+        code = self._exit_code(committed=False)
         log.error(
             "ferry: could not commit a checkpoint before stopping (%s); exiting with %d, "
             "the last good checkpoint is untouched",
@@ -185,18 +186,27 @@ class Reporter:
 
     def stopped(self, info: CheckpointInfo, restart: dict[str, str] | None) -> int:
         """The checkpoint of a stop committed; returns the exit code that asks for a resume."""
-        code = self.config.exit_code
+        code = self.config.exit_code  # the job's status: what `ferry run` exits with
         self.job.update_status("checkpointed", step=info.step, exit_code=code, url=info.url, restart=restart)
         self.job.event("stop", step=info.step, url=info.url, exit_code=code)
-        if rank_exit_code(code) != code:
+        exits = self._exit_code(committed=True)
+        if exits != code:
             log.info(
                 "ferry: checkpointed at step %d; exiting with 0 for torchrun (ferry run exits %d: resume me)",
                 info.step,
                 code,
             )
-            return 0
+            return exits
         log.info("ferry: checkpointed at step %d, exiting with %d (resume me)", info.step, code)
         return code
+
+    def _exit_code(self, *, committed: bool) -> int:
+        return stop_exit_code(
+            committed=committed,
+            exit_code=self.config.exit_code,
+            failure_exit_code=self.config.failure_exit_code,
+            under_agent=under_ferry_agent(),
+        )
 
     def stop_missed(self, signum: int, step: int) -> None:
         """A stop signal came, but the script ended without reaching a safe point after it."""
