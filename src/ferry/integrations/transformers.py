@@ -95,7 +95,7 @@ class FerryCallback(TrainerCallback):  # type: ignore[misc]
                 callbacks.remove(self)
                 callbacks.insert(0, self)
             session.leave_zero_code({}, steps=True)  # zero-code discovery and loop capture step aside
-            session.framework_drives(FRAMEWORK)  # and the Trainer's loaders are the Trainer's
+            session.loop_hooks.framework_drives(FRAMEWORK)  # and the Trainer's loaders are the Trainer's
         return session
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

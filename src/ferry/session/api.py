@@ -28,7 +28,7 @@ def current(create: bool = True) -> Session | None:
     if _CURRENT is not None and _CURRENT.closed:
         _CURRENT = None
     if _CURRENT is None and create:
-        _CURRENT = Session() if factory is None else factory()
+        _CURRENT = Session.start() if factory is None else factory()
     return _CURRENT
 
 
@@ -59,7 +59,7 @@ def configure(config: Config | None = None, **overrides: Unpack[Overrides]) -> S
         raise FerryError(
             "ferry is already configured in this process; call ferry.configure() before ferry.track(), once"
         )
-    _CURRENT = Session(_settings(config, dict(overrides)))
+    _CURRENT = Session.start(_settings(config, dict(overrides)))
     return _CURRENT
 
 
