@@ -12,7 +12,7 @@ import os
 import signal
 from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, TypedDict
 
 from ferry.errors import ConfigError
 from ferry.knobs import CHECKPOINT_EXIT_CODE, FAILURE_EXIT_CODE
@@ -210,6 +210,33 @@ class Config:
 
     def with_(self, **changes: Any) -> Config:
         return replace(self, **changes)
+
+
+class Overrides(TypedDict, total=False):
+    """``Config``'s fields as keyword arguments of ``ferry.configure``, each optional; a
+    value of None counts as not given. Kept equal to ``Config``'s fields by a unit test."""
+
+    dir: str | None
+    every_steps: int | None
+    every_seconds: float | None
+    keep_last: int | None
+    keep_every: int | None
+    async_save: bool | None
+    overlap_snapshot: bool | None
+    stop_signals: tuple[str, ...] | None
+    checkpoint_signals: tuple[str, ...] | None
+    exit_code: int | None
+    failure_exit_code: int | None
+    grace_seconds: float | None
+    resume: bool | None
+    job_dir: str | None
+    job_id: str | None
+    control_poll_seconds: float | None
+    remote: str | None
+    ignore_generators: tuple[str, ...] | None
+    allow_changed_inputs: bool | None
+    stall_seconds: float | None
+    handoff_dir: str | None
 
 
 def _format(value: object) -> str:

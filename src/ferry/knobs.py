@@ -27,10 +27,10 @@ STATUS_SECONDS = 1.0
 ASKED_SAVE_SHARE = 0.05
 """The most of training's time that saves asked for by control requests or checkpoint
 signals may block it: the next one waits until the time since the last save began is the
-last save's blocked time over this share (``policy.decide``), or ASKED_SAVE_HOLD_SECONDS.
-A stream of requests (a monitor asking every 100 ms) then costs at most this much of a job
-whose saves block it under 50 ms, besides the writing thread's work. Periodic saves and
-stops are not held back."""
+last save's blocked time over this share (``policy.decide_at_safe_point``), or
+ASKED_SAVE_HOLD_SECONDS. A stream of requests (a monitor asking every 100 ms) then costs at
+most this much of a job whose saves block it under 50 ms, besides the writing thread's work.
+Periodic saves and stops are not held back."""
 
 ASKED_SAVE_HOLD_SECONDS = 1.0
 """The longest ASKED_SAVE_SHARE holds an asked-for save back: a request that must be

@@ -32,7 +32,7 @@ def test_generators_continue_exactly_after_a_round_trip(tmp_path: Path) -> None:
 
 
 def test_track_takes_generators_and_refuses_other_objects(tmp_path: Path) -> None:
-    session = Session(Config(dir=str(tmp_path / "ck"), job_dir=str(tmp_path / "job"), job_id="g"))
+    session = Session.start(Config(dir=str(tmp_path / "ck"), job_dir=str(tmp_path / "job"), job_id="g"))
     try:
         rng = np.random.default_rng(0)
         session.track(rng=rng)

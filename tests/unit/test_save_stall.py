@@ -23,7 +23,9 @@ SLOW = 0.3
 
 
 def _session(tmp_path: Path, **config: object) -> Session:
-    return Session(Config(dir=str(tmp_path / "ck"), job_dir=str(tmp_path / "job"), job_id="b", **config))
+    return Session.start(
+        Config(dir=str(tmp_path / "ck"), job_dir=str(tmp_path / "job"), job_id="b", **config)
+    )
 
 
 @pytest.mark.parametrize("async_save", [True, False])

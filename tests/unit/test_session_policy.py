@@ -8,16 +8,25 @@ from typing import Any
 
 import pytest
 
-from ferry.session.policy import Action, SafePoint, Wish, decide, due, idle, wish
+from ferry.session.policy import (
+    SafePoint,
+    SafePointAction,
+    Wish,
+    decide_at_safe_point,
+    due,
+    idle,
+    stop_exit_code,
+    wish,
+)
 
-NOTHING, SAVE, STOP = Action.NOTHING, Action.SAVE, Action.STOP
+NOTHING, SAVE, STOP = SafePointAction.NOTHING, SafePointAction.SAVE, SafePointAction.STOP
 TERM, USR1 = int(signal.SIGTERM), int(signal.SIGUSR1)
 
 
 @dataclass(frozen=True)
 class Row:
     name: str
-    action: Action
+    action: SafePointAction
     why: str
     point: dict[str, Any] = field(default_factory=dict)
     """SafePoint fields other than the defaults below."""
@@ -186,13 +195,13 @@ ROWS = [
 ]
 
 
-def outcome(row: Row) -> tuple[Action, str]:
+def outcome(row: Row) -> tuple[SafePointAction, str]:
     """A safe point as the session goes through it, with the ranks' agreement a union."""
     why = idle(stopping=row.stopping, restore_pending=row.restore_pending)
     if why is not None:
         return NOTHING, why
     point = SafePoint(**{"now": 100.0, "last_saved_step": -1, "last_saved_time": 0.0, **row.point})
-    decision = decide(point, wish(point) | row.others)
+    decision = decide_at_safe_point(point, wish(point) | row.others)
     return decision.action, decision.why
 
 
@@ -212,3 +221,28 @@ def test_both_triggers_count_once_per_step() -> None:
         now=100.0, step=10, last_saved_step=10, last_saved_time=0.0, every_steps=5, every_seconds=1
     )
     assert not due(point)
+
+
+# committed, exit_code, failure_exit_code, under_agent -> the process's exit status
+EXITS = [
+    ("committed: resume me", True, 85, 86, False, 85),
+    ("committed, a configured code", True, 3, 86, False, 3),
+    ("committed, a rank under torchrun's agent in ferry run: 0 (ferry run exits 85)", True, 85, 86, True, 0),
+    ("the stop's checkpoint failed", False, 85, 86, False, 86),
+    ("failed under the agent too: the agent must see it fail", False, 85, 86, True, 86),
+    ("failed, a configured failure code", False, 85, 7, False, 7),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "committed", "code", "failure", "under_agent", "expected"), EXITS, ids=[r[0] for r in EXITS]
+)
+def test_stop_exit_code(
+    name: str, committed: bool, code: int, failure: int, under_agent: bool, expected: int
+) -> None:
+    assert (
+        stop_exit_code(
+            committed=committed, exit_code=code, failure_exit_code=failure, under_agent=under_agent
+        )
+        == expected
+    )

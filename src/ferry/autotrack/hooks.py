@@ -243,7 +243,7 @@ def _make() -> Any:
     from ferry.autotrack.discovery import discover, uncaptured_rngs
 
     try:
-        current = session_module.Session(signals=_early_signals)
+        current = session_module.Session.start(signals=_early_signals)
     except FerryError as exc:  # the script never called ferry: no traceback into its loop
         sys.stderr.write(f"ferry: error: {exc}\n")
         raise SystemExit(1) from None
@@ -296,7 +296,7 @@ def _auto_track(dataloader: Any) -> Any:
         ignore_stops_in_workers(dataloader, session.signals.signals)
         return None
     name, identity = _name(session, dataloader)
-    track_loader(name, dataloader, session).identity = identity  # before the session resumes it
+    track_loader(name, dataloader, session.loop_hooks).identity = identity  # before the session resumes it
     try:
         session.track(**{name: dataloader})
     except FerryError as exc:  # e.g. inputs changed since the checkpoint
@@ -308,9 +308,9 @@ def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     session = _session()
     if session.restoring:  # DCP initialises optimizer state with a step while loading
         return
-    if session.restore_pending and _trained_by_loader(session):  # before the restore point
+    if session.loop_hooks.restore_pending and _trained_by_loader(session):  # before the restore point
         _fail(session, _unmatched(session))
-    session.note_optimizer_step()
+    session.loop_hooks.note_optimizer_step()
     _stepper.after_optimizer_step()
 
 

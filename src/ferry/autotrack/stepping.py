@@ -47,9 +47,9 @@ class Stepper:
         if session.driver is not None or session.loop is not self.keeper:
             return  # a loader drives training, or the script uses the explicit API (ferry.step)
         self.keeper.by = "optimizer"
-        if session.restore_at("optimizer"):
+        if session.loop_hooks.restore_at("optimizer"):
             return  # restored to the state right after the saved step
-        session.step_safe_point()
+        session.loop_hooks.step_safe_point()
 
     # ---------------------------------------------------------------- model forwards
     def arm_forward(self) -> None:
@@ -78,7 +78,7 @@ class Stepper:
         if self.root is None:
             if not self._adopt(module):
                 return None
-            saved = self.session().saved_loop()
+            saved = self.session().loop_hooks.saved_loop()
             if saved is None or saved.get("by") != "forward" or saved.get("model") != _model_name(module):
                 return None  # a fresh run's first forward: not between two steps
         elif module is not self.root or not self._backward_seen:
@@ -90,10 +90,10 @@ class Stepper:
             return None
         self._backward_seen = False
         self.keeper.by, self.keeper.model = "forward", _model_name(module)
-        if session.restore_at("forward"):
+        if session.loop_hooks.restore_at("forward"):
             swapped = session.swapped
             return tuple(swapped.get(id(a), a) for a in args)
-        session.step_safe_point()
+        session.loop_hooks.step_safe_point()
         return None
 
     def _adopt(self, module: nn.Module) -> bool:

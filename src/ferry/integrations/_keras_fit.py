@@ -113,8 +113,8 @@ class KerasFit:
     def begin(self) -> None:
         global _ACTIVE
         _ACTIVE = self
-        self.session.explicit({}, steps=True)  # ferry's own discovery and loop capture step aside
-        self.session.framework_drives("Keras")  # and zero-code mode tracks no loader of fit's
+        self.session.leave_zero_code({}, steps=True)  # ferry's own discovery and loop capture step aside
+        self.session.loop_hooks.framework_drives("Keras")  # and zero-code mode tracks no loader of fit's
         driver = self.session.driver
         if driver is not None:  # a loader iterated outside fit (a look at one batch) is not the loop's
             self.session.loaders.pop(driver.name, None)

@@ -90,8 +90,8 @@ class Driven:
         self.saved: dict[str, Any] | None = session.saved_state(NAME)
         self.handed = False
         self.results: dict[str, Any] | None = None if self.saved is None else self.saved.get("results")
-        session.explicit({"model": trainer.lightning_module})  # zero-code discovery steps aside
-        session.framework_drives("Lightning")  # and its loaders are Lightning's
+        session.leave_zero_code({"model": trainer.lightning_module})  # zero-code discovery steps aside
+        session.loop_hooks.framework_drives("Lightning")  # and its loaders are Lightning's
 
     def hand_over(self) -> dict[str, Any] | None:
         """The checkpoint for Lightning to restore from, once."""
@@ -122,14 +122,14 @@ class Driven:
             if callable(getattr(sampler, "set_epoch", None)):
                 sampler.set_epoch(epoch)
         self.session.track(**{LOADER: loader, NAME: self.state})
-        self.session.framework_drives("Lightning", LOADER)
+        self.session.loop_hooks.framework_drives("Lightning", LOADER)
 
     def epoch_started(self) -> None:
         """Before the epoch's first batch (or Lightning's pass over a restored validation): the
         restore point. Lightning asks for no batch of an epoch the checkpoint had finished."""
         tracker = self.session.loaders.get(LOADER)
-        if tracker is not None and self.session.restore_pending:
-            self.session.at_restore_point(tracker)
+        if tracker is not None and self.session.loop_hooks.restore_pending:
+            self.session.loop_hooks.at_restore_point(tracker)
         if self.results is not None:
             saved, self.results = self.results, None
             state.apply_results(saved, self.trainer)

@@ -94,8 +94,8 @@ class FerryCallback(TrainerCallback):  # type: ignore[misc]
             if self in callbacks:  # first: the safe point comes before any other on_step_begin
                 callbacks.remove(self)
                 callbacks.insert(0, self)
-            session.explicit({}, steps=True)  # zero-code discovery and loop capture step aside
-            session.framework_drives(FRAMEWORK)  # and the Trainer's loaders are the Trainer's
+            session.leave_zero_code({}, steps=True)  # zero-code discovery and loop capture step aside
+            session.loop_hooks.framework_drives(FRAMEWORK)  # and the Trainer's loaders are the Trainer's
         return session
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -167,5 +167,9 @@ def rank_exit_code(code: int) -> int:
     me"), but 0 for a rank that torchrun's agent started under ``ferry run``. torchrun takes any
     other status for a failure of its ranks (a traceback, its own restarts); ``ferry run`` reads
     the stop from the job's status and exits with ``code`` itself."""
-    under_agent = "TORCHELASTIC_RUN_ID" in os.environ
-    return 0 if under_agent and "FERRY_SUPERVISOR_PID" in os.environ else code
+    return 0 if under_ferry_agent() else code
+
+
+def under_ferry_agent() -> bool:
+    """This process is a rank that torchrun's agent started under ``ferry run``."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and "FERRY_SUPERVISOR_PID" in os.environ

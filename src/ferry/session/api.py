@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any
 
-from ferry.config import Config
-from ferry.errors import FerryError, bug
+from ferry.config import Config, Overrides
+from ferry.errors import ConfigError, FerryError, bug
 from ferry.session.core import Session
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's own from Python 3.11
 
 _CURRENT: Session | None = None
 """The session of this process; a closed one no longer counts."""
@@ -24,7 +28,7 @@ def current(create: bool = True) -> Session | None:
     if _CURRENT is not None and _CURRENT.closed:
         _CURRENT = None
     if _CURRENT is None and create:
-        _CURRENT = Session() if factory is None else factory()
+        _CURRENT = Session.start() if factory is None else factory()
     return _CURRENT
 
 
@@ -34,26 +38,46 @@ def adopt(session: Session) -> None:
     _CURRENT = session
 
 
-def configure(**settings: Any) -> Session:
+def configure(config: Config | None = None, **overrides: Unpack[Overrides]) -> Session:
     """Start this process's session with these settings; call it once, before ``track``.
 
-    ``settings`` are ``ferry.Config`` fields (``dir``, ``every_steps``, ``every_seconds``,
-    ``keep_last``, ...); FERRY_* environment variables fill in the others, and ``ferry run``
-    sets those. Without a call, the first ``track`` starts the session from the environment
-    alone. Raises ``FerryError`` when the session exists already, ``ConfigError`` for a
-    setting that is unknown or out of range.
+    ``config``: a whole ``ferry.Config`` to start from; without one, the FERRY_* environment
+    variables (``ferry run`` sets those) fill in the settings not given. ``overrides``:
+    ``ferry.Config`` fields (``dir``, ``every_steps``, ``every_seconds``, ``keep_last``, ...)
+    that win over ``config`` or the variables; one given as None counts as not given.
+    Without a call, the first ``track`` starts the session from the environment alone.
+    Raises ``FerryError`` when the session exists already, ``ConfigError`` for a setting
+    that is unknown or out of range.
 
     Example::
 
         ferry.configure(dir="s3://bucket/run1", every_steps=500, keep_last=2)
+        ferry.configure(ferry.Config(dir="/scratch/run1"), every_steps=500)
     """
     global _CURRENT
     if current(create=False) is not None:
         raise FerryError(
             "ferry is already configured in this process; call ferry.configure() before ferry.track(), once"
         )
-    _CURRENT = Session(Config.from_env(**settings))
+    _CURRENT = Session.start(_settings(config, dict(overrides)))
     return _CURRENT
+
+
+def _settings(config: Config | None, overrides: dict[str, Any]) -> Config:
+    if config is None:
+        return Config.from_env(**overrides)
+    if not isinstance(config, Config):
+        raise ConfigError(
+            f"ferry.configure() takes a ferry.Config or settings by keyword, not a {type(config).__name__}: "
+            "e.g. ferry.configure(dir=...)"
+        )
+    known = {f.name for f in fields(Config)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown setting(s) {', '.join(unknown)}; the settings are: {', '.join(sorted(known))}"
+        )
+    return config.with_(**{k: v for k, v in overrides.items() if v is not None})
 
 
 def _session() -> Session:
@@ -91,7 +115,7 @@ def track(**objects: Any) -> None:
                 ...
     """
     session = _session()
-    session.explicit(objects)
+    session.leave_zero_code(objects)
     session.track(**objects)
 
 
@@ -104,7 +128,7 @@ def step() -> None:
     Call it between iterations, never inside one: a checkpoint must not see half a step.
     """
     session = _session()
-    session.explicit({}, steps=True)
+    session.leave_zero_code({}, steps=True)
     session.step()
 
 

@@ -71,7 +71,7 @@ class Checkpointer(Protocol):
     def keeps_objects(self, objects: dict[str, Any]) -> bool: ...
     def busy(self) -> bool:
         """A save is still being written, and a save asked for now may wait until the next
-        safe point after it (``policy.decide``)."""
+        safe point after it (``policy.decide_at_safe_point``)."""
         ...
 
     def write(

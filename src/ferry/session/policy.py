@@ -2,9 +2,13 @@
 
 A safe point goes through three steps, with the ranks' agreement in between::
 
-    idle(...)              -> why nothing at all happens here (no polling, no agreement), or None
-    wish(point)            -> what this rank would like: stop? save?
-    decide(point, agreed)  -> what every rank does, given the union of all ranks' wishes
+    idle(...)                            -> why nothing at all happens here (no polling, no
+                                            agreement), or None
+    wish(point)                          -> what this rank would like: stop? save?
+    decide_at_safe_point(point, agreed)  -> what every rank does, given the union of all
+                                            ranks' wishes
+
+A stop then ends the process with ``stop_exit_code``.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 from ferry.knobs import ASKED_SAVE_HOLD_SECONDS, ASKED_SAVE_SHARE
 
 
-class Action(enum.Enum):
+class SafePointAction(enum.Enum):
     NOTHING = "nothing"
     SAVE = "save"
     STOP = "stop"
@@ -60,8 +64,8 @@ class Wish:
 
 
 @dataclass(frozen=True)
-class Decision:
-    action: Action
+class SafePointDecision:
+    action: SafePointAction
     why: str
     """For a stop, the words of its log line ("SIGTERM", "a stop request", ...)."""
 
@@ -102,26 +106,28 @@ def wish(point: SafePoint) -> Wish:
     return Wish(stop=stop, save=save)
 
 
-def decide(point: SafePoint, agreed: Wish) -> Decision:
+def decide_at_safe_point(point: SafePoint, agreed: Wish) -> SafePointDecision:
     """What to do, given what the ranks agreed (``wish(point)`` alone with one process)."""
     if agreed.stop:
-        return Decision(Action.STOP, _stop_reason(point))
+        return SafePointDecision(SafePointAction.STOP, _stop_reason(point))
     if not agreed.save:
-        return Decision(Action.NOTHING, "nothing due")
+        return SafePointDecision(SafePointAction.NOTHING, "nothing due")
     if point.saving and not due(point):
         # A save asked for now would wait for the one in flight: training goes on, and the
         # requests and signals that came meanwhile are answered by one save after it.
-        return Decision(Action.NOTHING, "a save in flight: the save asked for waits for it")
+        return SafePointDecision(SafePointAction.NOTHING, "a save in flight: the save asked for waits for it")
     hold = min(point.last_blocked / ASKED_SAVE_SHARE, ASKED_SAVE_HOLD_SECONDS)
     if point.now - point.last_saved_time < hold and not due(point):
-        return Decision(Action.NOTHING, "saves asked for take at most their share of training")
+        return SafePointDecision(
+            SafePointAction.NOTHING, "saves asked for take at most their share of training"
+        )
     if point.requests:
-        return Decision(Action.SAVE, "a checkpoint request")
+        return SafePointDecision(SafePointAction.SAVE, "a checkpoint request")
     if point.checkpoint_signal:
-        return Decision(Action.SAVE, "a checkpoint signal")
+        return SafePointDecision(SafePointAction.SAVE, "a checkpoint signal")
     if due(point):
-        return Decision(Action.SAVE, "due")
-    return Decision(Action.SAVE, "a checkpoint asked of another rank")
+        return SafePointDecision(SafePointAction.SAVE, "due")
+    return SafePointDecision(SafePointAction.SAVE, "a checkpoint asked of another rank")
 
 
 def _stop_reason(point: SafePoint) -> str:
@@ -130,3 +136,16 @@ def _stop_reason(point: SafePoint) -> str:
     if point.requests:  # a checkpoint request too, when another rank asked the stop
         return "a stop request"
     return "a stop asked of another rank"
+
+
+def stop_exit_code(*, committed: bool, exit_code: int, failure_exit_code: int, under_agent: bool) -> int:
+    """The exit status of a process that stops at a safe point. ``committed``: its checkpoint
+    committed; ``exit_code`` / ``failure_exit_code``: the configured "resume me" and "the
+    stop's checkpoint failed" statuses; ``under_agent``: a rank that torchrun's agent started
+    under ``ferry run`` (``runtime.launch.under_ferry_agent``), which exits 0 after a commit,
+    since torchrun takes any other status for a failure of its ranks, and ``ferry run`` reads
+    the stop from the job's status and exits with ``exit_code`` itself. A failed stop exits
+    with ``failure_exit_code`` everywhere: the agent must see that one fail."""
+    if not committed:
+        return failure_exit_code
+    return 0 if under_agent else exit_code

@@ -1,41 +1,29 @@
-"""What the session tells the world: its log lines, the job folder's status and events, the
-answers to control requests, and the copy of each commit to the remote."""
+"""What the session tells the world: its log lines, the job folder's status and events, and
+the answers to control requests; what a save tells (its commit, the copy to the remote) is
+``savereport``'s."""
 
 from __future__ import annotations
 
 import logging
 import signal
-import time
-from typing import Any, Protocol
+from typing import Any
 
 from ferry.config import Config
 from ferry.engine import CheckpointInfo
-from ferry.engine.transfer import Superseded, Transfer
-from ferry.errors import bug
+from ferry.engine.transfer import Transfer
 from ferry.runtime.control import ControlInbox, Request
-from ferry.runtime.grace import slow_save_warning
 from ferry.runtime.jobdir import JobDir
-from ferry.runtime.launch import rank_exit_code
+from ferry.runtime.launch import under_ferry_agent
 from ferry.schedulers import SchedulerAdapter
+from ferry.session.policy import stop_exit_code
+from ferry.session.savereport import Progress, SaveReport
 
 log = logging.getLogger("ferry")
 
 
-class Progress(Protocol):
-    """The session as the reporter sees it: a commit may be reported from the saver's
-    thread while training goes on, so these are read when the report is made."""
-
-    global_step: int
-
-    @property
-    def stopping(self) -> bool: ...
-
-
-def size(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
-
-
 class Reporter:
+    """What the session tells the world; what a save tells is ``saves``'s."""
+
     def __init__(
         self,
         config: Config,
@@ -46,51 +34,8 @@ class Reporter:
         progress: Progress,
     ) -> None:
         self.config, self.job, self.inbox = config, job, inbox
-        self.scheduler, self.transfer, self.progress = scheduler, transfer, progress
-        self._awaiting: dict[int, list[Request]] = {}
+        self.saves = SaveReport(config, job, inbox, scheduler, transfer, progress)
         self._replaced: set[tuple[str, str]] = set()
-        self._warned_grace = False
-
-    def awaiting(self, step: int, requests: list[Request]) -> None:
-        """These requests are answered once the save of ``step`` commits or fails."""
-        self._awaiting.setdefault(step, []).extend(requests)
-
-    def writing(self, step: int) -> None:
-        """The save of ``step`` began writing (told on the writing thread): the job's status
-        says "checkpointing" until it commits or fails."""
-        try:
-            self.job.update_status("checkpointing", step=step)
-        except OSError as exc:  # a full disk: the save's own error will say more
-            log.warning("ferry: the job's status does not show the save of step %d: %s", step, exc)
-
-    def committed(self, info: CheckpointInfo) -> None:
-        """Called on the persist thread once a checkpoint is committed."""
-        log.info(
-            "ferry: checkpoint step %d -> %s (%s, %.2f s, %.2f GB/s, training blocked %.3f s)",
-            info.step,
-            info.url,
-            size(info.nbytes),
-            info.seconds,
-            info.gbps,
-            info.blocking_seconds,
-        )
-        entry = {
-            "step": info.step,
-            "url": info.url,
-            "bytes": info.nbytes,
-            "seconds": info.seconds,
-            "blocking_seconds": info.blocking_seconds,
-            "time": time.time(),
-        }
-        self.job.record_checkpoint(entry)
-        if self.transfer is not None:
-            self._push(info.url.rstrip("/").rsplit("/", 1)[-1], info.step)
-        self.job.event("checkpoint", **entry)
-        self._warn_grace(info.seconds)
-        for r in self._awaiting.pop(info.step, []):
-            self.inbox.respond(r.id, ok=True, step=info.step, url=info.url, seconds=info.seconds)
-        if not self.progress.stopping:
-            self.job.update_status("running", step=self.progress.global_step)
 
     def handler_replaced(self, signum: int, handler: Any) -> None:
         """Another handler took over one of ferry's signals; ferry put its own back first."""
@@ -122,43 +67,6 @@ class Reporter:
         for r in requests:
             self.inbox.respond(r.id, ok=False, error=f"not served: {why}")
 
-    def failed(self, step: int, exc: Exception) -> None:
-        """The save of ``step`` failed: say so, answer its requests, train on. Called on the
-        training thread, or on the saver's when a background save fails."""
-        log.error("ferry: checkpoint failed: %s", exc)
-        self.job.event("checkpoint_failed", step=step, error=str(exc))
-        for r in self._awaiting.pop(step, []):
-            self.inbox.respond(r.id, ok=False, error=str(exc))
-        if not self.progress.stopping:
-            self.job.update_status("running", step=self.progress.global_step)
-
-    def _warn_grace(self, seconds: float) -> None:
-        warning = slow_save_warning(seconds, self.config.grace_seconds)
-        if warning is not None:
-            log.warning("%s", warning)
-        advice = self.scheduler.grace_warning(seconds)
-        if advice is not None and not self._warned_grace:
-            self._warned_grace = True
-            log.warning("%s", advice)
-
-    def _push(self, name: str, step: int) -> None:
-        """Copy a committed checkpoint to the remote; the outcome lands in the job's events."""
-        if self.transfer is None:
-            raise bug("a push without a transfer")
-        # Each retry is recorded as it happens: a worker killed mid-copy still leaves them.
-        handle = self.transfer.push(name, lambda what: self.job.event("remote_retry", step=step, error=what))
-
-        def record(error: BaseException | None, url: str | None) -> None:
-            retried = len(handle.failed)
-            if error is None:
-                self.job.event("remote_copy", step=step, url=url, retried=retried)
-            elif isinstance(error, Superseded):
-                self.job.event("remote_copy_skipped", step=step, name=name, reason=str(error))
-            else:
-                self.job.event("remote_copy_failed", step=step, name=name, retried=retried, error=str(error))
-
-        handle.on_done(record)
-
     # ------------------------------------------------------------------ the job's end
     def resumed(self, url: str, step: int, seconds: float) -> None:
         log.info("ferry: resumed from %s at step %d (restore %.2f s)", url, step, seconds)
@@ -171,7 +79,7 @@ class Reporter:
 
     def stop_failed(self, step: int, exc: Exception, requests: list[Request]) -> int:
         """The checkpoint of a stop did not commit; returns the exit code that says so."""
-        code = self.config.failure_exit_code
+        code = self._exit_code(committed=False)
         log.error(
             "ferry: could not commit a checkpoint before stopping (%s); exiting with %d, "
             "the last good checkpoint is untouched",
@@ -185,18 +93,27 @@ class Reporter:
 
     def stopped(self, info: CheckpointInfo, restart: dict[str, str] | None) -> int:
         """The checkpoint of a stop committed; returns the exit code that asks for a resume."""
-        code = self.config.exit_code
+        code = self.config.exit_code  # the job's status: what `ferry run` exits with
         self.job.update_status("checkpointed", step=info.step, exit_code=code, url=info.url, restart=restart)
         self.job.event("stop", step=info.step, url=info.url, exit_code=code)
-        if rank_exit_code(code) != code:
+        exits = self._exit_code(committed=True)
+        if exits != code:
             log.info(
                 "ferry: checkpointed at step %d; exiting with 0 for torchrun (ferry run exits %d: resume me)",
                 info.step,
                 code,
             )
-            return 0
+            return exits
         log.info("ferry: checkpointed at step %d, exiting with %d (resume me)", info.step, code)
         return code
+
+    def _exit_code(self, *, committed: bool) -> int:
+        return stop_exit_code(
+            committed=committed,
+            exit_code=self.config.exit_code,
+            failure_exit_code=self.config.failure_exit_code,
+            under_agent=under_ferry_agent(),
+        )
 
     def stop_missed(self, signum: int, step: int) -> None:
         """A stop signal came, but the script ended without reaching a safe point after it."""
@@ -230,7 +147,7 @@ class Reporter:
         self.job.event("failed", step=step, error=f"{kind.__name__}: {value}")
 
     def fatal(self, step: int, why: str) -> None:
-        """This rank cannot go on with the job: it ends now (``Session._fatal``)."""
+        """This rank cannot go on with the job: it ends now (``startup.Relay.fatal``)."""
         self.job.update_status("failed", step=step, error=why)
         self.job.event("failed", step=step, error=why)
 

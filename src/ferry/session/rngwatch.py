@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 log = logging.getLogger("ferry")
 
-Look = Callable[[], Mapping[str, tuple[str, int]]]
+GeneratorScan = Callable[[], Mapping[str, tuple[str, int]]]
 """Global name -> (what it is, a fingerprint of its state), as discovery finds them now."""
 
 
@@ -39,18 +39,18 @@ class GeneratorWatch:
     """Call ``start`` at the first safe point and ``check`` at later ones (each checkpoint,
     the status heartbeat, the session's end); each used generator is warned about once."""
 
-    def __init__(self, look: Look, ignored: Iterable[str]) -> None:
-        self._look, self._ignored = look, frozenset(ignored)
+    def __init__(self, scan: GeneratorScan, ignored: Iterable[str]) -> None:
+        self._scan, self._ignored = scan, frozenset(ignored)
         self._first: dict[str, int] | None = None
         self._warned: set[str] = set()
 
     def start(self) -> None:
-        self._first = {name: state for name, (_, state) in self._look().items()}
+        self._first = {name: state for name, (_, state) in self._scan().items()}
 
     def check(self) -> None:
         if self._first is None:
             return
-        now = self._look()
+        now = self._scan()
         for name, what in used_since(self._first, now, self._ignored, self._warned):
             self._warned.add(name)
             log.warning(

@@ -32,7 +32,7 @@ DISCARDED_EXIT = 0
 """The exit status of a warm worker that is discarded before taking over: nothing failed."""
 
 
-def hold(stop_signals: Sequence[str]) -> float | None:
+def wait_for_takeover(stop_signals: Sequence[str]) -> float | None:
     """In a warm worker: wait here until the supervisor says to take over; returns the seconds
     waited (None in any other worker: it returns at once). Never returns when discarded.
     Once it takes over, the supervisor's death sends it the first of ``stop_signals`` (SIGTERM
