@@ -117,7 +117,7 @@ def never(*args, **kwargs):
 def chunk(kind, dt, steps):
     """``steps`` steps of one kind, timed; the longest over the ranks."""
     if kind == "ferry-off":  # the session's safe points, never an agreement
-        session.checkpointer.listens = never
+        session.checkpointer.may_agree_at = never
     settle()
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -127,7 +127,7 @@ def chunk(kind, dt, steps):
         elif kind == "allreduce":
             dist.all_reduce(FLAG, op=dist.ReduceOp.MAX)
     seconds = longest([time.perf_counter() - t0])
-    vars(session.checkpointer).pop("listens", None)
+    vars(session.checkpointer).pop("may_agree_at", None)
     return seconds
 
 

@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 
 from ferry.session.policy import (
+    Asked,
     SafePoint,
     SafePointAction,
-    Wish,
+    asked_at,
     decide_at_safe_point,
     due,
     idle,
     stop_exit_code,
-    wish,
 )
 
 NOTHING, SAVE, STOP = SafePointAction.NOTHING, SafePointAction.SAVE, SafePointAction.STOP
@@ -30,7 +30,7 @@ class Row:
     why: str
     point: dict[str, Any] = field(default_factory=dict)
     """SafePoint fields other than the defaults below."""
-    others: Wish = field(default_factory=Wish)
+    others: Asked = field(default_factory=Asked)
     """What the other ranks wished (nothing, with one process)."""
     stopping: bool = False
     restore_pending: bool = False
@@ -162,21 +162,21 @@ ROWS = [
         STOP,
         "a stop asked of another rank",
         {"step": 4},
-        Wish(stop=True),
+        Asked(stop=True),
     ),
     Row(
         "another rank's stop, while a checkpoint was asked here",
         STOP,
         "a stop request",
         {"step": 4, "requests": ("checkpoint",)},
-        Wish(stop=True),
+        Asked(stop=True),
     ),
     Row(
         "another rank's checkpoint saves this one too",
         SAVE,
         "a checkpoint asked of another rank",
         {"step": 4},
-        Wish(save=True),
+        Asked(save=True),
     ),
     Row(
         "already stopping: nothing, even on a signal",
@@ -201,7 +201,7 @@ def outcome(row: Row) -> tuple[SafePointAction, str]:
     if why is not None:
         return NOTHING, why
     point = SafePoint(**{"now": 100.0, "last_saved_step": -1, "last_saved_time": 0.0, **row.point})
-    decision = decide_at_safe_point(point, wish(point) | row.others)
+    decision = decide_at_safe_point(point, asked_at(point) | row.others)
     return decision.action, decision.why
 
 
@@ -210,10 +210,10 @@ def test_safe_point(row: Row) -> None:
     assert outcome(row) == (row.action, row.why)
 
 
-def test_a_wish_is_what_this_rank_alone_asks() -> None:
+def test_asked_at_is_what_this_rank_alone_is_asked() -> None:
     point = SafePoint(now=5.0, step=3, last_saved_step=-1, last_saved_time=0.0, requests=("restart",))
-    assert wish(point) == Wish(stop=True, save=True)
-    assert wish(SafePoint(now=5.0, step=3, last_saved_step=-1, last_saved_time=0.0)) == Wish()
+    assert asked_at(point) == Asked(stop=True, save=True)
+    assert asked_at(SafePoint(now=5.0, step=3, last_saved_step=-1, last_saved_time=0.0)) == Asked()
 
 
 def test_both_triggers_count_once_per_step() -> None:

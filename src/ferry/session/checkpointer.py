@@ -30,7 +30,7 @@ from ferry.runtime.distributed import (
 from ferry.runtime.peerwatch import PeerWatch
 from ferry.session import agreement
 from ferry.session.overlap import Overlap
-from ferry.session.policy import SafePoint, Wish
+from ferry.session.policy import Asked, SafePoint
 from ferry.state.training import TrainingState
 
 OnCommit = Callable[[CheckpointInfo], None]
@@ -43,9 +43,9 @@ class Checkpointer(Protocol):
     """Writes the session's checkpoints. Every call is made on the training thread:
 
     1. ``take_handed_over()`` once at start, before looking for a checkpoint on disk;
-    2. ``listens(step, ...)`` at every safe point that is not idle: can this one lead to a
+    2. ``may_agree_at(step, ...)`` at every safe point that is not idle: can this one lead to a
        save or a stop? If not (the ranks agree only now and then), the session skips it at
-       no cost; if so, ``busy()`` for the safe point's values, then ``agree(point, wish)``
+       no cost; if so, ``busy()`` for the safe point's values, then ``agree(point, asked)``
        (across ranks, a collective: the same safe points on every rank);
     3. ``keeps_objects(objects)`` while capturing: does this process save the objects?
     4. ``write(...)`` to save; a commit is reported to ``on_commit``, a failure of a
@@ -61,13 +61,15 @@ class Checkpointer(Protocol):
     world_size: int
 
     @property
-    def leads(self) -> bool:
+    def reports_for_job(self) -> bool:
         """This process reports for the job (its status, events and log lines)."""
         ...
 
     def take_handed_over(self) -> Loaded | None: ...
-    def listens(self, step: int, *, every_steps: int | None, last_saved_step: int, wishing: bool) -> bool: ...
-    def agree(self, point: SafePoint, wish: Wish) -> Wish: ...
+    def may_agree_at(
+        self, step: int, *, every_steps: int | None, last_saved_step: int, asked: bool
+    ) -> bool: ...
+    def agree(self, point: SafePoint, asked: Asked) -> Asked: ...
     def keeps_objects(self, objects: dict[str, Any]) -> bool: ...
     def busy(self) -> bool:
         """A save is still being written, and a save asked for now may wait until the next
@@ -126,7 +128,7 @@ class LocalCheckpointer:
         self.overlap = Overlap(self.saver.copied) if config.overlap_snapshot else None
 
     @property
-    def leads(self) -> bool:
+    def reports_for_job(self) -> bool:
         return True
 
     def take_handed_over(self) -> Loaded | None:
@@ -134,11 +136,11 @@ class LocalCheckpointer:
             return None
         return handoff.take(self.config.handoff_dir, self.config.dir)
 
-    def listens(self, step: int, *, every_steps: int | None, last_saved_step: int, wishing: bool) -> bool:
+    def may_agree_at(self, step: int, *, every_steps: int | None, last_saved_step: int, asked: bool) -> bool:
         return True
 
-    def agree(self, point: SafePoint, wish: Wish) -> Wish:
-        return wish
+    def agree(self, point: SafePoint, asked: Asked) -> Asked:
+        return asked
 
     def keeps_objects(self, objects: dict[str, Any]) -> bool:
         return True
@@ -254,30 +256,30 @@ class RankedCheckpointer:
             self.watch.start()
 
     @property
-    def leads(self) -> bool:
+    def reports_for_job(self) -> bool:
         return self.rank == 0
 
     def take_handed_over(self) -> Loaded | None:
         return None  # a hand-over is one process's memory; ranks resume from storage
 
-    def listens(self, step: int, *, every_steps: int | None, last_saved_step: int, wishing: bool) -> bool:
+    def may_agree_at(self, step: int, *, every_steps: int | None, last_saved_step: int, asked: bool) -> bool:
         """Only where the ranks agree (``agreement``); elsewhere nothing happens, at no cost
         (the step's length is noted: ``agreement.StepClock``). A group of one rank agrees
         with itself at once whenever it wishes to save or stop (a 1-rank gloo group made
         for a DTensor model, whose fast steps put agreements hundreds of steps apart)."""
         self._clock.tick(step, time.perf_counter())
-        if wishing and self.world_size == 1:
+        if asked and self.world_size == 1:
             return True
         return agreement.agrees(step, self._next, every_steps=every_steps, last_saved_step=last_saved_step)
 
-    def agree(self, point: SafePoint, wish: Wish) -> Wish:
+    def agree(self, point: SafePoint, asked: Asked) -> Asked:
         """Whichever rank was asked, every rank saves (or stops at) the same step: the next
         at which the ranks agree."""
         start = time.perf_counter()
         step = self._clock.take()
         step_ns = UNKNOWN_NS if step is None else int(step * 1e9)
         cost_ns = int(statistics.fmean(self._costs)) if self._costs else UNKNOWN_NS
-        mine = Vote(wish.stop, wish.save, cost_ns, step_ns)
+        mine = Vote(asked.stop, asked.save, cost_ns, step_ns)
         agreed = self.group.agree(mine)
         if self._agreements < 2:
             self._first_agreements(agreed.token)
@@ -290,7 +292,7 @@ class RankedCheckpointer:
             step=None if agreed.step_ns >= UNKNOWN_NS else agreed.step_ns / 1e9,
         )
         self._next = point.step + agreement.interval(pace)
-        return Wish(stop=agreed.stop, save=agreed.save)
+        return Asked(stop=agreed.stop, save=agreed.save)
 
     def keeps_objects(self, objects: dict[str, Any]) -> bool:
         """Replicated (DDP) objects are written once, by rank 0."""

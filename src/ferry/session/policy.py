@@ -4,7 +4,7 @@ A safe point goes through three steps, with the ranks' agreement in between::
 
     idle(...)                            -> why nothing at all happens here (no polling, no
                                             agreement), or None
-    wish(point)                          -> what this rank would like: stop? save?
+    asked_at(point)                      -> what this rank would like: stop? save?
     decide_at_safe_point(point, agreed)  -> what every rank does, given the union of all
                                             ranks' wishes
 
@@ -55,12 +55,12 @@ class SafePoint:
 
 
 @dataclass(frozen=True)
-class Wish:
+class Asked:
     stop: bool = False
     save: bool = False
 
-    def __or__(self, other: Wish) -> Wish:
-        return Wish(self.stop or other.stop, self.save or other.save)
+    def __or__(self, other: Asked) -> Asked:
+        return Asked(self.stop or other.stop, self.save or other.save)
 
 
 @dataclass(frozen=True)
@@ -98,16 +98,16 @@ def due_at(step: int, *, every_steps: int | None, last_saved_step: int) -> bool:
     return every_steps is not None and step > 0 and step % every_steps == 0 and step != last_saved_step
 
 
-def wish(point: SafePoint) -> Wish:
-    """This rank's wish: any request or checkpoint signal saves (even a step already saved:
+def asked_at(point: SafePoint) -> Asked:
+    """What this rank is asked: any request or checkpoint signal saves (even a step already saved:
     its asker waits for an answer); a stop signal or a stop/restart request stops."""
     stop = point.stop_signal is not None or any(a != "checkpoint" for a in point.requests)
     save = due(point) or bool(point.requests) or point.checkpoint_signal
-    return Wish(stop=stop, save=save)
+    return Asked(stop=stop, save=save)
 
 
-def decide_at_safe_point(point: SafePoint, agreed: Wish) -> SafePointDecision:
-    """What to do, given what the ranks agreed (``wish(point)`` alone with one process)."""
+def decide_at_safe_point(point: SafePoint, agreed: Asked) -> SafePointDecision:
+    """What to do, given what the ranks agreed (``asked_at(point)`` alone with one process)."""
     if agreed.stop:
         return SafePointDecision(SafePointAction.STOP, _stop_reason(point))
     if not agreed.save:

@@ -76,15 +76,15 @@ class SafePoints:
             self._time_first_steps()
         now = self.between_safe_points()
         point = self.point(now)
-        wish = policy.wish(point)
-        if not self.checkpointer.listens(
+        asked = policy.asked_at(point)
+        if not self.checkpointer.may_agree_at(
             self.state.global_step,
             every_steps=self.config.every_steps,
             last_saved_step=self.saves.last_step,
-            wishing=wish.save or wish.stop,
+            asked=asked.save or asked.stop,
         ):
             return  # between the ranks' agreements: requests and signals wait for the next
-        decision = policy.decide_at_safe_point(point, self.checkpointer.agree(point, wish))
+        decision = policy.decide_at_safe_point(point, self.checkpointer.agree(point, asked))
         if decision.action is policy.SafePointAction.NOTHING:
             return
         self.signals.checkpoint_requested = False
@@ -168,7 +168,7 @@ class SafePoints:
         if self.state.loop is None and world == 1:
             self.report.saves.awaiting(step, requests)
             try:
-                self.checkpointer.agree(self.point(time.monotonic()), policy.Wish(save=True))
+                self.checkpointer.agree(self.point(time.monotonic()), policy.Asked(save=True))
                 self.saves.write(time.perf_counter(), blocking=True)
             except FerryError as exc:
                 self.report.saves.failed(step, exc)

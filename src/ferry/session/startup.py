@@ -118,7 +118,7 @@ def open_parts(config: Config | None, signals: SignalRequests | None) -> Parts:
         signals = SignalRequests(config.stop_signals, config.checkpoint_signals)
         signals.install()
     transfer: Transfer | None = None  # docs/transfer.md
-    if config.remote and checkpointer.leads:
+    if config.remote and checkpointer.reports_for_job:
         transfer = Transfer(config.dir, TransferPolicy(remote=config.remote))
         if config.resume:
             transfer.fetch_if_missing()
@@ -147,7 +147,7 @@ def open_parts(config: Config | None, signals: SignalRequests | None) -> Parts:
 def _open_job(config: Config, job_id: str, checkpointer: Checkpointer) -> JobDir:
     """The job's folder, with this process's identity; locked unless `ferry run` holds it."""
     job = JobDir.create(job_id, config.job_dir)
-    if not (checkpointer.leads or speaks_for_node(checkpointer.rank)):
+    if not (checkpointer.reports_for_job or speaks_for_node(checkpointer.rank)):
         job.writer = False
         log.setLevel(logging.WARNING)  # rank 0 reports for the job, a node's first rank for its node
     job.write_identity(
