@@ -29,7 +29,8 @@ from ferry.process import nvml, preflight
 from ferry.process.driver import Driver, ProcessState, check_permission, load_driver
 from ferry.process.nvml import GpuUsage
 from ferry.process.uuids import GpuMapping, GpuUuid, MappingInput, complete_mapping, normalize_mapping
-from ferry.runtime.jobdir import ferry_home, read_json, write_json_atomic
+from ferry.runtime.atomicjson import write_json_atomic
+from ferry.runtime.jobdir import ferry_home, read_json
 
 TRANSITIONS: dict[str, tuple[ProcessState, ProcessState]] = {
     "lock": (ProcessState.RUNNING, ProcessState.LOCKED),

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import TypedDict
 
 from ferry.errors import JobError
-from ferry.runtime.jobdir import JobDir, read_json, write_json_atomic
+from ferry.runtime.atomicjson import write_json_atomic
+from ferry.runtime.jobdir import JobDir, read_json
 from ferry.runtime.jobfiles import Response, parse_response
 from ferry.typedjson import SchemaError, parse
 

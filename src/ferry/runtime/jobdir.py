@@ -13,7 +13,6 @@ Layout (documented in docs/jobs.md), mode 0700, owned by the job's user::
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import json
@@ -27,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ferry.errors import JobError
+from ferry.runtime.atomicjson import write_json_atomic
 from ferry.runtime.jobfiles import (
     STATES,
     Event,
@@ -100,16 +100,6 @@ def private_dir(path: str, what: str, *, tighten: bool = False) -> None:
         )
     if tighten:
         os.chmod(path, 0o700)
-
-
-def write_json_atomic(path: str, doc: object) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
-    with contextlib.suppress(FileNotFoundError):  # a leftover of a dead process with our pid
-        os.unlink(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True, default=str)
-    os.replace(tmp, path)
 
 
 def read_json(path: str, limit: int = MAX_DOC_BYTES, owner: int | None = None) -> Any:

@@ -24,10 +24,11 @@ from ferry.config import Config
 from ferry.errors import ConfigError, JobError, bug
 from ferry.knobs import LEFTOVER_SECONDS, POLL_SECONDS, PROCESS_POLL_SECONDS
 from ferry.runtime import handoff
+from ferry.runtime.atomicjson import write_json_atomic
 from ferry.runtime.control import answer_left
 from ferry.runtime.finished import start_over, verdict, write_finished
 from ferry.runtime.identity import choose_identity
-from ferry.runtime.jobdir import JobDir, write_json_atomic
+from ferry.runtime.jobdir import JobDir
 from ferry.runtime.launch import nodes_of
 from ferry.runtime.rootlock import RootLock
 from ferry.runtime.warmstart import parent_death_signal

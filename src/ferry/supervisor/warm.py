@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ferry.errors import JobError, bug
+from ferry.runtime.atomicjson import write_json_atomic
 from ferry.runtime.control import MAX_REQUEST_BYTES, ControlInbox
-from ferry.runtime.jobdir import JobDir, read_json, write_json_atomic
+from ferry.runtime.jobdir import JobDir, read_json
 from ferry.runtime.warmstart import ENV, GO, READY, WarmFds
 from ferry.supervisor.worker import WorkerGroup
 
