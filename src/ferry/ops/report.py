@@ -20,7 +20,8 @@ from typing import Literal, TypedDict
 from ferry.errors import FerryError
 from ferry.knobs import CHECKPOINT_EXIT_CODE
 from ferry.ops.jobs import JobRecord
-from ferry.runtime.jobfiles import Event, Status
+from ferry.runtime.events import Event
+from ferry.runtime.jobfiles import Status
 from ferry.storage import open_storage, strategy_for
 
 MarkKind = Literal["stop", "resume", "failure", "migration"]

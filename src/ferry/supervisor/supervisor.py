@@ -29,6 +29,7 @@ from ferry.runtime.control import answer_left
 from ferry.runtime.finished import start_over, verdict, write_finished
 from ferry.runtime.identity import choose_identity
 from ferry.runtime.jobdir import JobDir
+from ferry.runtime.jobfiles import Identity
 from ferry.runtime.launch import nodes_of
 from ferry.runtime.rootlock import RootLock
 from ferry.runtime.warmstart import parent_death_signal
@@ -177,7 +178,7 @@ class Supervisor:
             user = pwd.getpwuid(os.getuid()).pw_name
         except (ImportError, KeyError):
             user = str(os.getuid())
-        self.job.write_identity(
+        identity = Identity(
             id=self.job_id,
             command=self.command,
             cwd=os.getcwd(),
@@ -187,8 +188,10 @@ class Supervisor:
             checkpoint_dir=self.checkpoint_dir,
             scheduler=self.scheduler.name,
             scheduler_restarts=self.scheduler.restart_count(),
-            **({} if self.node is None else {"node": self.node, "nodes": self.nodes.count}),
         )
+        if self.node is not None:
+            identity["node"], identity["nodes"] = self.node, self.nodes.count
+        self.job.write_identity(**identity)
         # A new run: what the previous one concluded no longer holds (checkpoints stay listed).
         self.job.update_status(
             "starting",
