@@ -5,7 +5,8 @@ directory, control requests) is declared once, as a TypedDict, and parsed here b
 anything uses it: the declaration is what mypy checks the readers against, and what the
 parser checks the bytes against. The parser understands the few types these documents
 use: ``str``, ``int``, ``float``, ``bool``, ``None``, ``object`` (any JSON value),
-``Literal[...]``, unions, ``list[X]``, ``dict[str, X]`` and nested TypedDicts.
+``Literal[...]``, unions, ``list[X]``, ``dict[str, X]`` (or ``Mapping[str, X]``) and nested
+TypedDicts.
 
 Rules, the same for every document: an ``int`` is not a ``bool`` and fits in 64 bits; a
 ``float`` is finite and may be written as an integer; a key the TypedDict does not declare
@@ -113,7 +114,7 @@ def _generic(value: object, hint: object, path: str) -> object:
     elif origin is list:
         if isinstance(value, list):
             return [check(v, args[0], _join(path, i)) for i, v in enumerate(value)]
-    elif origin is dict:
+    elif origin in (dict, Mapping):  # a Mapping field: read as a dict, declared read-only
         if isinstance(value, dict):
             return {k: check(v, args[1], _join(path, k)) for k, v in value.items()}
     else:

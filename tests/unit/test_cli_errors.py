@@ -23,7 +23,8 @@ from ferry.cli import main
 from ferry.errors import ConfigError
 from ferry.ops import devices, figure, report
 from ferry.process import nvml
-from ferry.runtime.jobdir import JobDir, write_json_atomic
+from ferry.runtime.atomicjson import write_json_atomic
+from ferry.runtime.jobdir import JobDir
 
 
 def ferry(home: Path, *args: str) -> Result:

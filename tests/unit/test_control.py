@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from ferry.errors import JobError
+from ferry.runtime.atomicjson import write_json_atomic
 from ferry.runtime.control import ACTIONS, MAX_REQUEST_BYTES, ControlInbox, submit, wait_response
-from ferry.runtime.jobdir import JobDir, write_json_atomic
+from ferry.runtime.jobdir import JobDir
 
 NOBODY = 65534
 

@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 
 from ferry.errors import JobError
+from ferry.runtime.atomicjson import write_json_atomic
 from ferry.runtime.control import ControlInbox, Request, parse_request, submit, wait_response
-from ferry.runtime.jobdir import MAX_DOC_BYTES, JobDir, write_json_atomic
-from ferry.runtime.jobfiles import parse_event, parse_identity, parse_response, parse_status
+from ferry.runtime.events import parse_event
+from ferry.runtime.jobdir import MAX_DOC_BYTES, JobDir
+from ferry.runtime.jobfiles import parse_identity, parse_response, parse_status
 
 CHECKPOINT = {"step": 10, "url": "file:///ck/step-000000000010", "bytes": 4096, "seconds": 0.25,
               "blocking_seconds": 0.01, "time": 1700000100.0}  # fmt: skip

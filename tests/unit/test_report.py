@@ -12,8 +12,10 @@ import pytest
 from ferry.errors import ConfigError
 from ferry.ops import figure, report
 from ferry.ops.jobs import JobRecord
-from ferry.runtime.jobdir import JobDir, write_json_atomic
-from ferry.runtime.jobfiles import Event, Status
+from ferry.runtime.atomicjson import write_json_atomic
+from ferry.runtime.events import Event
+from ferry.runtime.jobdir import JobDir
+from ferry.runtime.jobfiles import Status
 
 
 def ev(time: float, event: str, **fields: object) -> Event:

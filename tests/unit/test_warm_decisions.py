@@ -16,8 +16,8 @@ from ferry.errors import ConfigError
 from ferry.ops import report
 from ferry.ops.warmcheck import WarmFacts, cold_reason
 from ferry.ops.warmresume import BundleGate
+from ferry.runtime.events import Event
 from ferry.runtime.jobdir import JobDir
-from ferry.runtime.jobfiles import Event
 from ferry.runtime.warmstart import WarmFds, parse
 from ferry.supervisor import warm
 from ferry.supervisor.decide import hand_over_now

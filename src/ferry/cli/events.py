@@ -4,7 +4,8 @@ The events are the lines the supervisor and the worker's session append to the j
 ``events.jsonl`` (docs/jobs.md): ``run_start``, ``worker_start``, ``checkpoint``,
 ``signal``, ``stop``, ``worker_exit``, ``restart``, ``resume``, ``failed``, ``run_end``
 (the last one, with ``exit_code``). They are followed from the file rather than hooked into
-the supervisor, so a wrapper sees exactly what the job directory records. While they flow,
+the supervisor, so a wrapper sees exactly what the job directory records, each line parsed as
+``ferry.runtime.events`` declares its kind (what ``ferry report`` reads too). While they flow,
 stdout belongs to them: the command's own stdout goes to stderr.
 """
 
@@ -18,6 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ferry.knobs import PROCESS_POLL_SECONDS
+from ferry.runtime.events import parse_event
+from ferry.runtime.jobdir import report_dropped
 
 
 class EventFollower:
@@ -54,8 +57,10 @@ class EventFollower:
         end = data.rfind(b"\n") + 1  # a line still being written waits for its newline
         for line in data[:end].splitlines():
             try:
-                event = json.loads(line)
+                event = parse_event(json.loads(line), report_dropped, self.path)
             except ValueError:
+                continue
+            if event is None:  # not an event (no time, no kind): the job directory skips it too
                 continue
             os.write(self.fd, (json.dumps(event, separators=(",", ":"), default=str) + "\n").encode())
         self.offset += end

@@ -145,22 +145,7 @@ def export(
     pid = record.worker_pid
     env = (process_env(pid) if pid and record.alive else None) or {}
     exe = _exe(pid) if record.alive and pid else None
-    stopped: dict[str, float] = {}
-    if record.alive:
-        stopped["stop_requested"] = time.time()
-        rid = send(record, "stop")
-        progress(f"job {record.id}: checkpointing and stopping at its next safe point")
-        answer = wait_answer(record, rid, timeout, progress, meter)
-        url = str(answer["url"])
-        stopped["committed"] = float(answer.get("time", time.time()))
-        stopped["save_seconds"] = float(answer.get("seconds", 0.0))
-        progress(f"job {record.id}: checkpoint of step {answer['step']} committed; copying it")
-    else:
-        root = record.identity.get("checkpoint_dir")
-        if not root:
-            raise NoCheckpointError(f"job {record.id} has no checkpoint directory recorded")
-        url = str(root)
-        progress(f"job {record.id} is not running: exporting its newest committed checkpoint")
+    url, stopped = _final_checkpoint(record, timeout, progress, meter)
     copied = copy_checkpoint(url, open_storage(dest.child_url("checkpoints")), progress, meter)
     name = copied.rstrip("/").rsplit("/", 1)[-1]
     from ferry.format.manifest import decode_manifest  # torch: imported when needed
@@ -192,16 +177,44 @@ def export(
     # its stop, so a `ferry resume --warm` waiting for it starts while the job still exits.
     dest.write_bytes(BUNDLE, json.dumps(bundle, indent=1, sort_keys=True).encode())
     if stopped:
-        progress(f"job {record.id}: bundle written; waiting for the job to exit")
-        deadline = time.monotonic() + timeout
-        while record.refresh().alive:
-            if time.monotonic() > deadline:
-                raise JobError(
-                    f"job {record.id} did not exit within {timeout:g} s of its checkpoint (the bundle at "
-                    f"{dest.url} is complete)"
-                )
-            time.sleep(PROCESS_POLL_SECONDS)
+        _wait_exit(record, dest.url, timeout, progress)
     return {**bundle, "url": dest.url}
+
+
+def _final_checkpoint(
+    record: JobRecord, timeout: float, progress: Progress, meter: Meter | None
+) -> tuple[str, dict[str, float]]:
+    """The checkpoint to export: a running job's stop (and when it was asked for, committed,
+    how long it took), or a stopped job's checkpoint root, whose newest one is copied."""
+    stopped: dict[str, float] = {}
+    if record.alive:
+        stopped["stop_requested"] = time.time()
+        rid = send(record, "stop")
+        progress(f"job {record.id}: checkpointing and stopping at its next safe point")
+        answer = wait_answer(record, rid, timeout, progress, meter)
+        url = str(answer["url"])
+        stopped["committed"] = float(answer.get("time", time.time()))
+        stopped["save_seconds"] = float(answer.get("seconds", 0.0))
+        progress(f"job {record.id}: checkpoint of step {answer['step']} committed; copying it")
+        return url, stopped
+    root = record.identity.get("checkpoint_dir")
+    if not root:
+        raise NoCheckpointError(f"job {record.id} has no checkpoint directory recorded")
+    progress(f"job {record.id} is not running: exporting its newest committed checkpoint")
+    return str(root), stopped
+
+
+def _wait_exit(record: JobRecord, url: str, timeout: float, progress: Progress) -> None:
+    """Wait for the job that stopped for the export to exit."""
+    progress(f"job {record.id}: bundle written; waiting for the job to exit")
+    deadline = time.monotonic() + timeout
+    while record.refresh().alive:
+        if time.monotonic() > deadline:
+            raise JobError(
+                f"job {record.id} did not exit within {timeout:g} s of its checkpoint (the bundle at "
+                f"{url} is complete)"
+            )
+        time.sleep(PROCESS_POLL_SECONDS)
 
 
 def _exe(pid: int) -> str | None:

@@ -19,7 +19,8 @@ from ferry.ops.jobs import JobRecord
 from ferry.ops.requests import require_alive, send, wait_answer
 from ferry.ops.warmcheck import cold_reason
 from ferry.progress import Meter, Progress
-from ferry.runtime.jobfiles import Event, Response
+from ferry.runtime.events import Event
+from ferry.runtime.jobfiles import Response
 
 
 @dataclass

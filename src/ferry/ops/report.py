@@ -20,7 +20,20 @@ from typing import Literal, TypedDict
 from ferry.errors import FerryError
 from ferry.knobs import CHECKPOINT_EXIT_CODE
 from ferry.ops.jobs import JobRecord
-from ferry.runtime.jobfiles import Event, Status
+from ferry.runtime.events import (
+    CheckpointEvent,
+    Event,
+    RestartEvent,
+    ResumeEvent,
+    RunStartEvent,
+    StopEvent,
+    TrainingStartEvent,
+    WarmDiscardedEvent,
+    WarmStartEvent,
+    WorkerExitEvent,
+    WorkerStartEvent,
+)
+from ferry.runtime.jobfiles import Status
 from ferry.storage import open_storage, strategy_for
 
 MarkKind = Literal["stop", "resume", "failure", "migration"]
@@ -115,127 +128,178 @@ def checkpoint_codes(events: Iterable[Event], status: Status) -> set[int]:
     return codes
 
 
+class _Builder:
+    """The timeline, built one event at a time: one method per kind of event that draws
+    something (``build`` dispatches), and what the job's workers were doing so far."""
+
+    def __init__(self, tl: Timeline, ok_codes: set[int], exists: Callable[[str], bool] | None) -> None:
+        self.tl, self.ok_codes, self.exists = tl, ok_codes, exists
+        self.current: list[tuple[float, int]] = []
+        self.started: float | None = None  # the worker's start, while it has not trained yet
+        self.restored: float | None = None  # its restore, when it resumed
+        self.last_ckpt: float | None = None
+        self.last_stop: int | None = None  # the index of the stop mark a requested restart may follow
+        self.exited: float | None = None  # the last worker's stop or exit, while no other worker started
+        self.stopped: float | None = None  # this worker's stop, while it exits
+        self.pid: int | None = None  # the current worker's
+        self.warming: dict[int | None, float] = {}  # warm workers not yet taken over: pid -> start
+        self.rerun = False  # a run of the job started, and has not resumed or trained yet
+
+    def trained(self, end: float | None) -> None:
+        """The start-up of the worker ends at ``end``; None: unknown (an older worker that
+        wrote no ``training_start``, and no restore or step-0 save): trained from its start."""
+        if self.started is not None:
+            if end is None:
+                self.current.insert(0, (self.started, 0))
+            else:
+                self.tl.startups.append({"start": self.started, "end": end})
+        self.started = self.restored = None
+
+    def new_worker(self, t: float, pid: int | None, started: float | None) -> None:
+        """A run of the job, or a worker of it, starts: the last one's curve ends."""
+        self.pid = pid
+        self.trained(self.restored)
+        if self.current:
+            self.tl.segments.append(self.current)
+        self.current, self.started = [], started
+
+    def at_step(self, t: float, step: int) -> None:
+        """A checkpoint or a stop at ``step``: a point of the curve, the start-up's end."""
+        if self.started is not None:
+            self.trained(self.restored if self.restored is not None else (t if step == 0 else None))
+        self.current.append((t, step))
+
+    def run_start(self, t: float, e: RunStartEvent) -> None:
+        self.last_stop = None  # a new run: no restart pending
+        self.tl.runs += 1
+        self.rerun = self.tl.runs > 1
+        self.new_worker(t, None, None)
+
+    def worker_start(self, t: float, e: WorkerStartEvent) -> None:
+        pid = e.get("pid")
+        if pid in self.warming:  # a warm worker took over
+            self.tl.overlaps.append({"start": self.warming.pop(pid), "end": t})
+        if self.exited is not None:
+            self.tl.down.append({"start": self.exited, "end": t})
+        self.exited = self.stopped = None  # a warm worker took over before the old one exited: no gap
+        self.new_worker(t, pid, t)
+
+    def warm_start(self, t: float, e: WarmStartEvent) -> None:
+        self.warming[e.get("pid")] = t
+
+    def warm_discarded(self, t: float, e: WarmDiscardedEvent) -> None:
+        pid = e.get("pid")
+        if pid in self.warming:
+            self.tl.overlaps.append({"start": self.warming.pop(pid), "end": t})
+
+    def training_start(self, t: float, e: TrainingStartEvent) -> None:
+        """The first safe point of the worker."""
+        self.last_stop, self.rerun = None, False
+        self.trained(t)
+        step = e.get("step")
+        if isinstance(step, int):
+            self.current.append((t, step))
+
+    def resume(self, t: float, e: ResumeEvent) -> None:
+        self.last_stop, step = None, e.get("step")
+        if self.rerun and isinstance(step, int):
+            self.tl.marks.append({"kind": "resume", "time": t, "text": f"run again: resumed at step {step}"})
+        self.rerun = False
+        if isinstance(step, int):
+            self.restored = t
+            self.current.append((t, step))
+
+    def checkpoint(self, t: float, e: CheckpointEvent) -> None:
+        self.last_stop, self.rerun, step = None, False, e.get("step")
+        if not isinstance(step, int):
+            return
+        self.at_step(t, step)
+        url = e.get("url")
+        deleted = bool(url and self.exists is not None and not self.exists(url))
+        self.tl.checkpoints.append({"step": step, "time": t, "seconds": e.get("seconds", 0.0),
+                                    "blocking_seconds": e.get("blocking_seconds", 0.0), "url": url,
+                                    "deleted": deleted})  # fmt: skip
+        self.last_ckpt = t
+
+    def stop(self, t: float, e: StopEvent) -> None:
+        self.stopped, step = t, e.get("step")
+        if isinstance(step, int):
+            self.at_step(t, step)
+        self.last_stop = len(self.tl.marks)
+        self.tl.marks.append({"kind": "stop", "time": t, "text": f"stopped at step {step} (checkpointed)"})
+
+    def worker_exit(self, t: float, e: WorkerExitEvent) -> None:
+        if None not in (e.get("pid"), self.pid) and e.get("pid") != self.pid:
+            return  # the worker a warm one took over from: the current one lives on
+        self.exited, self.stopped = (self.stopped if self.stopped is not None else t), None
+        if self.started is not None and self.restored is None:
+            self.trained(t)  # it never trained: its whole life was start-up
+        code = e.get("returncode")
+        if code is None or code in self.ok_codes:
+            return
+        began = self.last_ckpt if self.last_ckpt is not None else (self.current[0][0] if self.current else t)
+        if began < t:
+            self.tl.lost.append({"start": began, "end": t})
+        text = (
+            f"worker exited {code}: {t - began:.1f} s of work since the last checkpoint lost and recomputed"
+        )
+        self.tl.marks.append({"kind": "failure", "time": t, "text": text})
+
+    def restart(self, t: float, e: RestartEvent) -> None:
+        if e.get("reason") != "requested":
+            return
+        env = " ".join(f"{k}={v}" for k, v in e.get("env", {}).items())
+        what, who = (
+            ("warm hand-over", "the warm worker took over")
+            if e.get("warm")
+            else ("restarted in place", "the new worker started")
+        )
+        text = f"{what} {env} (down {e.get('downtime_seconds', 0.0):.2f} s until {who})"
+        if self.last_stop is not None:  # the worker's stop was this migration's: one mark, when it left
+            left = self.tl.marks[self.last_stop]
+            self.tl.marks[self.last_stop] = {"kind": "migration", "time": left["time"],
+                                             "text": f"{left['text']}, then {text}"}  # fmt: skip
+            self.last_stop = None
+        else:
+            self.tl.marks.append({"kind": "migration", "time": t, "text": text})
+
+    def finish(self, status: Status) -> None:
+        """After the last event: the worker starting now, and the status's last step."""
+        tl = self.tl
+        if self.started is not None and self.restored is None and status.get("state") == "starting":
+            tl.startups.append({"start": self.started, "end": status.get("updated", self.started)})
+            self.started = None
+        self.trained(self.restored)
+        if "updated" in status and "step" in status:
+            self.current.append((status["updated"], status["step"]))
+            tl.last_status = self.current[-1]
+        if self.current:
+            tl.segments.append(self.current)
+
+
 def build(
     job_id: str, events: list[Event], status: Status, exists: Callable[[str], bool] | None = None
 ) -> Timeline:
     """The timeline of a job; ``exists(url)`` tells whether a checkpoint is still on storage."""
     tl = Timeline(job_id)
-    ok_codes = checkpoint_codes(events, status)
-    current: list[tuple[float, int]] = []
-    started: float | None = None  # the worker's start, while it has not trained yet
-    restored: float | None = None  # its restore, when it resumed
-    last_ckpt: float | None = None
-    last_stop: int | None = None  # the index of the stop mark a requested restart may follow
-    exited: float | None = None  # the last worker's stop or exit, while no other worker started
-    stopped: float | None = None  # this worker's stop, while it exits
-    pid: object = None  # the current worker's
-    warming: dict[object, float] = {}  # warm workers started and not yet taken over: pid -> start
-    rerun = False  # a run of the job started, and has not resumed or trained yet
-
-    def trained(end: float | None) -> None:
-        """The start-up of the worker ends at ``end``; None: unknown (an older worker that
-        wrote no ``training_start``, and no restore or step-0 save): trained from its start."""
-        nonlocal started, restored
-        if started is not None:
-            if end is None:
-                current.insert(0, (started, 0))
-            else:
-                tl.startups.append({"start": started, "end": end})
-        started = restored = None
-
+    b = _Builder(tl, checkpoint_codes(events, status), exists)
+    handlers: dict[str, Callable[[float, Event], None]] = {
+        "run_start": b.run_start,
+        "worker_start": b.worker_start,
+        "warm_start": b.warm_start,
+        "warm_discarded": b.warm_discarded,
+        "training_start": b.training_start,
+        "resume": b.resume,
+        "checkpoint": b.checkpoint,
+        "stop": b.stop,
+        "worker_exit": b.worker_exit,
+        "restart": b.restart,
+    }
     for e in sorted(events, key=lambda e: e["time"]):
-        t, kind, step = e["time"], e["event"], e.get("step")
-        if kind == "warm_start":
-            warming[e.get("pid")] = t
-        if kind in ("warm_discarded", "worker_start") and e.get("pid") in warming:
-            tl.overlaps.append({"start": warming.pop(e.get("pid")), "end": t})
-        if kind == "worker_exit" and None not in (e.get("pid"), pid) and e.get("pid") != pid:
-            kind = "retired"  # the worker a warm one took over from: the current one lives on
-        if kind in ("run_start", "resume", "training_start", "checkpoint"):
-            last_stop = None  # a new run, or the next worker at work: no restart pending
-        if kind == "run_start":
-            tl.runs += 1
-            rerun = tl.runs > 1
-        elif kind == "resume" and rerun and isinstance(step, int):
-            tl.marks.append({"kind": "resume", "time": t, "text": f"run again: resumed at step {step}"})
-        if kind in ("resume", "training_start", "checkpoint"):
-            rerun = False
-        if kind == "stop":
-            stopped = t
-        if kind == "worker_exit":
-            exited, stopped = (stopped if stopped is not None else t), None
-        if kind == "worker_start":
-            if exited is not None:
-                tl.down.append({"start": exited, "end": t})
-            exited = stopped = None  # a warm worker took over before the old one exited: no gap
-        if kind in ("run_start", "worker_start"):
-            pid = e.get("pid")
-            trained(restored)
-            if current:
-                tl.segments.append(current)
-            current, started = [], (t if kind == "worker_start" else None)
-        if kind == "training_start":  # the first safe point of the worker
-            trained(t)
-        if kind == "worker_exit" and started is not None and restored is None:
-            trained(t)  # it never trained: its whole life was start-up
-        if isinstance(step, int) and kind in ("checkpoint", "resume", "stop", "training_start"):
-            if kind == "resume":
-                restored = t
-            elif started is not None:
-                trained(restored if restored is not None else (t if step == 0 else None))
-            current.append((t, step))
-        if kind == "checkpoint" and isinstance(step, int):
-            url = e.get("url")
-            tl.checkpoints.append(
-                {
-                    "step": step,
-                    "time": t,
-                    "seconds": e.get("seconds", 0.0),
-                    "blocking_seconds": e.get("blocking_seconds", 0.0),
-                    "url": url,
-                    "deleted": bool(url and exists is not None and not exists(url)),
-                }
-            )
-            last_ckpt = t
-        elif kind == "stop":
-            last_stop = len(tl.marks)
-            tl.marks.append({"kind": "stop", "time": t, "text": f"stopped at step {step} (checkpointed)"})
-        elif kind == "worker_exit" and e.get("returncode") is not None and e["returncode"] not in ok_codes:
-            began = last_ckpt if last_ckpt is not None else (current[0][0] if current else t)
-            if began < t:
-                tl.lost.append({"start": began, "end": t})
-            tl.marks.append(
-                {
-                    "kind": "failure",
-                    "time": t,
-                    "text": f"worker exited {e['returncode']}: {t - began:.1f} s of work since the last "
-                    "checkpoint lost and recomputed",
-                }
-            )
-        elif kind == "restart" and e.get("reason") == "requested":
-            env = " ".join(f"{k}={v}" for k, v in e.get("env", {}).items())
-            what, who = (
-                ("warm hand-over", "the warm worker took over")
-                if e.get("warm")
-                else ("restarted in place", "the new worker started")
-            )
-            text = f"{what} {env} (down {e.get('downtime_seconds', 0.0):.2f} s until {who})"
-            if last_stop is not None:  # the worker's stop was this migration's: one mark, when it left
-                left = tl.marks[last_stop]
-                tl.marks[last_stop] = {"kind": "migration", "time": left["time"],
-                                       "text": f"{left['text']}, then {text}"}  # fmt: skip
-                last_stop = None
-            else:
-                tl.marks.append({"kind": "migration", "time": t, "text": text})
-    if started is not None and restored is None and status.get("state") == "starting":
-        tl.startups.append({"start": started, "end": status.get("updated", started)})  # starting now
-        started = None
-    trained(restored)
-    if "updated" in status and "step" in status:
-        current.append((status["updated"], status["step"]))
-        tl.last_status = current[-1]
-    if current:
-        tl.segments.append(current)
+        handler = handlers.get(e["event"])
+        if handler is not None:
+            handler(e["time"], e)
+    b.finish(status)
     times = [e["time"] for e in events] + [t for seg in tl.segments for t, _ in seg]
     if times:
         tl.start, tl.end = min(times), max(max(times), min(times) + 1e-3)

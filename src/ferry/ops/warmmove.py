@@ -20,7 +20,8 @@ from ferry.ops.jobs import JobRecord, command_of, process_env
 from ferry.ops.requests import send, wait_answer
 from ferry.ops.warmcheck import WarmFacts
 from ferry.progress import Meter, Progress
-from ferry.runtime.jobfiles import Event, Response
+from ferry.runtime.events import Event
+from ferry.runtime.jobfiles import Response
 from ferry.runtime.procs import descendants
 from ferry.supervisor import warm
 

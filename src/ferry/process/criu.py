@@ -24,6 +24,7 @@ from typing import Any
 from ferry.errors import ConfigError, ProcessCheckpointError
 from ferry.process import nvml
 from ferry.process.pids import check_pid, require_alive
+from ferry.runtime.atomicjson import write_json_atomic
 
 MIN_GPU_CRIU = (4, 0)
 """CRIU with the CUDA plugin (criu/plugins/cuda) and its device hooks."""
@@ -181,8 +182,7 @@ def dump(pid: int, directory: str, *, leave_running: bool = False) -> DumpResult
         "criu_version": info.version_text,
         "dumped_at": time.time(),
     }
-    with open(os.path.join(directory, MANIFEST), "w") as f:
-        json.dump(manifest, f, indent=1)
+    write_json_atomic(os.path.join(directory, MANIFEST), manifest, durable=True, mode=0o666)  # umask applies
     return DumpResult(pid, directory, gpu, seconds, leave_running, size, log)
 
 

@@ -17,7 +17,8 @@ from typing import Any
 from ferry.process.nvml import GpuUsage
 from ferry.process.pids import start_time
 from ferry.process.uuids import GpuUuid
-from ferry.runtime.jobdir import ferry_home, read_json, write_json_atomic
+from ferry.runtime.atomicjson import write_json_atomic
+from ferry.runtime.jobdir import ferry_home, read_json
 
 
 @dataclass

@@ -20,12 +20,16 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from ferry.errors import JobError
-from ferry.runtime.jobdir import JobDir, read_json, write_json_atomic
-from ferry.runtime.jobfiles import Response, parse_response
+from ferry.runtime.atomicjson import write_json_atomic
+from ferry.runtime.jobdir import JobDir, read_json
+from ferry.runtime.jobfiles import Answer, Response, parse_response
 from ferry.typedjson import SchemaError, parse
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 log = logging.getLogger("ferry")
 
@@ -77,10 +81,8 @@ def submit(job: JobDir, action: str, env: dict[str, str] | None = None) -> str:
         raise JobError(f"unknown control action {action!r}; use one of {', '.join(ACTIONS)}")
     rid = uuid.uuid4().hex[:12]
     try:
-        write_json_atomic(
-            _request_path(job, rid),
-            {"id": rid, "action": action, "created": time.time(), "uid": os.getuid(), "env": env or {}},
-        )
+        doc = RequestDoc(id=rid, action=action, created=time.time(), uid=os.getuid(), env=env or {})
+        write_json_atomic(_request_path(job, rid), doc)
     except PermissionError as exc:
         raise JobError(f"cannot write to {job.control}: only the job's own user may control it") from exc
     return rid
@@ -232,8 +234,8 @@ class ControlInbox:
             log.warning("ferry: cannot remove the refused request %s (%s); ignored from now on", path, exc)
             self._stuck.add((os.path.basename(path), st.st_ino))
 
-    def respond(self, rid: str, *, ok: bool, **fields: object) -> None:
-        doc = {"id": rid, "ok": ok, "time": time.time(), **fields}
+    def respond(self, rid: str, *, ok: bool, **fields: Unpack[Answer]) -> None:
+        doc = Response(id=rid, ok=ok, time=time.time(), **fields)
         with contextlib.suppress(OSError):  # the controller then times out and says so
             write_json_atomic(response_path(self.job, rid), doc)
 

@@ -13,7 +13,6 @@ Layout (documented in docs/jobs.md), mode 0700, owned by the job's user::
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import json
@@ -23,27 +22,30 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ferry.errors import JobError
+from ferry.runtime.atomicjson import write_json_atomic
+from ferry.runtime.events import Event, EventLog, read_events
 from ferry.runtime.jobfiles import (
     STATES,
-    Event,
+    CheckpointRecord,
     Identity,
+    Saving,
     Status,
-    parse_event,
+    StatusUpdate,
     parse_identity,
     parse_status,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 log = logging.getLogger("ferry")
 
 MAX_DOC_BYTES = 1 << 20
 """job.json, status.json, a control file: a few KiB when ferry writes them (status.json
 keeps 50 checkpoints). A bigger one is not ferry's, and is not read."""
-MAX_EVENT_BYTES = 64 << 10
-"""One line of events.jsonl; the file itself grows with the job's life and is not capped."""
 
 
 def ferry_home() -> str:
@@ -102,16 +104,6 @@ def private_dir(path: str, what: str, *, tighten: bool = False) -> None:
         os.chmod(path, 0o700)
 
 
-def write_json_atomic(path: str, doc: object) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
-    with contextlib.suppress(FileNotFoundError):  # a leftover of a dead process with our pid
-        os.unlink(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True, default=str)
-    os.replace(tmp, path)
-
-
 def read_json(path: str, limit: int = MAX_DOC_BYTES, owner: int | None = None) -> Any:
     """The decoded JSON of the regular file ``path``, for its caller to parse. A symlink
     (OSError), a FIFO or device (which could hang the reader), a file over ``limit`` bytes,
@@ -149,6 +141,33 @@ def report_dropped(problem: str) -> None:
     log.warning("ferry: %s", problem)
 
 
+def _own(path: str) -> dict[str, object]:
+    """A file this process rewrites, every field kept (those of other ferry versions too)."""
+    try:
+        doc = read_json(path)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        report_dropped(f"{path} is unreadable ({exc}); it is written anew")
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _read(path: str) -> object:
+    """A job file's JSON; an empty object when it is missing (not written yet: no warning)
+    or cannot be read (said once in the log). PermissionError comes through: the job
+    belongs to another user."""
+    try:
+        return read_json(path)
+    except FileNotFoundError:
+        return {}
+    except PermissionError:
+        raise
+    except (OSError, ValueError) as exc:
+        report_dropped(f"{path} is unreadable ({exc}); ignored")
+        return {}
+
+
 class JobDir:
     """One job's directory. The worker writes; controllers read and drop requests."""
 
@@ -159,6 +178,9 @@ class JobDir:
         self._mutex = threading.Lock()
         self.writer = True
         """False on ranks other than 0 of a multi-rank job: one rank speaks for the job."""
+        self.event = EventLog(self.file("events.jsonl"), lambda: self.writer, self._mutex)
+        """``event("kind", field=...)`` appends one line to ``events.jsonl`` (events.py
+        declares each kind's fields)."""
 
     @classmethod
     def create(cls, job_id: str, path: str | None = None, *, name: str | None = None) -> JobDir:
@@ -189,10 +211,10 @@ class JobDir:
         return os.path.join(self.path, name)
 
     # ----------------------------------------------------------------- worker side
-    def write_identity(self, **fields: object) -> None:
+    def write_identity(self, **fields: Unpack[Identity]) -> None:
         if not self.writer:
             return
-        existing = self._own("job.json")
+        existing = _own(self.file("job.json"))
         doc = {"host": socket.gethostname(), "uid": os.getuid(), "created": time.time(), **existing, **fields}
         write_json_atomic(self.file("job.json"), doc)
 
@@ -220,33 +242,33 @@ class JobDir:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def update_status(self, state: str, **fields: object) -> None:
+    def update_status(self, state: str, **fields: Unpack[StatusUpdate]) -> None:
         if state not in STATES:
             raise JobError(f"unknown job state {state!r}; the states are: {', '.join(STATES)}")
         if not self.writer:
             return
         with self._mutex:
-            doc = self._own("status.json")
+            doc = _own(self.file("status.json"))
             doc.update(fields, state=state, updated=time.time())
             write_json_atomic(self.file("status.json"), doc)
 
-    def record_checkpoint(self, entry: Mapping[str, object], keep: int = 50) -> None:
+    def record_checkpoint(self, entry: CheckpointRecord, keep: int = 50) -> None:
         if not self.writer:
             return
         with self._mutex:
-            doc = self._own("status.json")
+            doc = _own(self.file("status.json"))
             kept = parse_status(doc, report_dropped, self.file("status.json")).get("checkpoints", [])
             history = [*kept, entry][-keep:]
             doc.update(checkpoints=history, last_checkpoint=entry, updated=time.time())
             write_json_atomic(self.file("status.json"), doc)
 
-    def save_progress(self, saving: Mapping[str, object] | None) -> None:
+    def save_progress(self, saving: Saving | None) -> None:
         """The save in flight (``Status.saving``), or None once it ended. The state and
         ``updated`` are kept: the supervisor and ``ferry report`` time the job's last state by it."""
         if not self.writer:
             return
         with self._mutex:
-            doc = self._own("status.json")
+            doc = _own(self.file("status.json"))
             if saving is None:
                 if doc.pop("saving", None) is None:
                     return
@@ -254,81 +276,18 @@ class JobDir:
                 doc["saving"] = dict(saving)
             write_json_atomic(self.file("status.json"), doc)
 
-    def _own(self, name: str) -> dict[str, object]:
-        """A file this process rewrites, every field kept (those of other ferry versions too)."""
-        try:
-            doc = read_json(self.file(name))
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            report_dropped(f"{self.file(name)} is unreadable ({exc}); it is written anew")
-            return {}
-        return doc if isinstance(doc, dict) else {}
-
-    def event(self, kind: str, **fields: object) -> None:
-        if not self.writer:
-            return
-        line = json.dumps({"time": time.time(), "event": kind, **fields}, default=str)
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        with self._mutex, os.fdopen(os.open(self.file("events.jsonl"), flags, 0o600), "a") as f:
-            f.write(line + "\n")
-
     # ----------------------------------------------------------------- reader side
     def identity(self) -> Identity:
         """``job.json``, its well-formed fields; {} when it is missing or unreadable."""
-        return parse_identity(self._read("job.json"), report_dropped, self.file("job.json"))
+        return parse_identity(_read(self.file("job.json")), report_dropped, self.file("job.json"))
 
     def status(self) -> Status:
         """``status.json``, its well-formed fields; {} when it is missing or unreadable."""
-        return parse_status(self._read("status.json"), report_dropped, self.file("status.json"))
-
-    def _read(self, name: str) -> object:
-        """A job file's JSON; an empty object when it is missing (not written yet: no warning)
-        or cannot be read (said once in the log). PermissionError comes through: the job
-        belongs to another user."""
-        try:
-            return read_json(self.file(name))
-        except FileNotFoundError:
-            return {}
-        except PermissionError:
-            raise
-        except (OSError, ValueError) as exc:
-            report_dropped(f"{self.file(name)} is unreadable ({exc}); ignored")
-            return {}
+        return parse_status(_read(self.file("status.json")), report_dropped, self.file("status.json"))
 
     def events(self) -> list[Event]:
         """The well-formed lines of ``events.jsonl``, oldest first; the others are skipped."""
-        path = self.file("events.jsonl")
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return []
-        except PermissionError:
-            raise
-        except OSError as exc:
-            report_dropped(f"{path} is unreadable ({exc}); ignored")
-            return []
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                report_dropped(f"{path} is not a regular file; ignored")
-                return []
-            out = []
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{n}"
-                if len(line) > MAX_EVENT_BYTES:
-                    report_dropped(f"{where}: a line of {len(line)} bytes is not ferry's; line skipped")
-                    continue
-                try:
-                    raw = json.loads(line)
-                except ValueError:  # a torn append (a full disk), or not ferry's
-                    report_dropped(f"{where}: not JSON; line skipped")
-                    continue
-                event = parse_event(raw, report_dropped, where)
-                if event is not None:
-                    out.append(event)
-            return out
+        return read_events(self.file("events.jsonl"), report_dropped)
 
     def is_locked(self) -> bool:
         """True while a live worker holds the lock."""

@@ -1,7 +1,7 @@
 """The documents of a job directory (docs/jobs.md), declared once and parsed where they are read.
 
-``job.json``, ``status.json`` and each line of ``events.jsonl`` are rewritten or appended
-while other processes read them, by writers of several versions: a reader takes what it
+``job.json``, ``status.json`` and each line of ``events.jsonl`` (declared in events.py) are
+rewritten or appended while other processes read them, by writers of several versions: a reader takes what it
 can. A field of the wrong type is left out (and reported to ``dropped``, which logs it), a
 line that is not an event is skipped; nothing malformed reaches the code that uses them,
 and nothing malformed raises into it either. A control answer (``resp-<id>.json``) is
@@ -71,19 +71,15 @@ class Saving(TypedDict):
     """``time.time()`` when the save began writing."""
 
 
-class Status(TypedDict, total=False):
-    """``status.json``: how far the job got. Every field is optional: it grows by updates."""
+class StatusUpdate(TypedDict, total=False):
+    """What an update of ``status.json`` (``JobDir.update_status``) may set beside the state."""
 
-    state: State
     step: int
-    updated: float
     pid: int
     worker_pid: int | None
     supervisor_pid: int | None
     resumed_from: str
     url: str
-    last_checkpoint: CheckpointRecord
-    checkpoints: list[CheckpointRecord]
     exit_code: int | None
     error: str | None
     restart: dict[str, str] | None
@@ -94,45 +90,18 @@ class Status(TypedDict, total=False):
     restarts: int
     max_restarts: int
     failures: int
+
+
+class Status(StatusUpdate, total=False):
+    """``status.json``: how far the job got. Every field is optional: it grows by updates
+    (``StatusUpdate``, with the state), committed checkpoints (``CheckpointRecord``) and the
+    save in flight (``Saving``), each written by its own ``JobDir`` method."""
+
+    state: State
+    updated: float
+    last_checkpoint: CheckpointRecord
+    checkpoints: list[CheckpointRecord]
     saving: Saving
-
-
-class _EventBase(TypedDict):
-    time: float
-    event: str
-
-
-class Event(_EventBase, total=False):
-    """One line of ``events.jsonl``: ``time`` and ``event``, and the fields of that kind."""
-
-    step: int | None
-    url: str | None
-    bytes: int
-    seconds: float
-    blocking_seconds: float
-    error: str
-    exit_code: int
-    name: str
-    retried: int
-    supervisor_pid: int
-    command: list[str]
-    pid: int | None
-    restarts: int
-    failures: int
-    signal: str | None
-    action: str
-    grace_seconds: float
-    returncode: int
-    reason: str
-    downtime_seconds: float
-    env: dict[str, str | None]
-    backoff_seconds: float
-    state: str
-    message: str
-    warm: bool
-    """worker_start, restart: the worker was started beside the old one (a warm migration)."""
-    next_seconds: float
-    """first_step: the length of the second step after a resume (``seconds``: the first's)."""
 
 
 class _ResponseBase(TypedDict):
@@ -140,10 +109,10 @@ class _ResponseBase(TypedDict):
     ok: bool
 
 
-class Response(_ResponseBase, total=False):
-    """``control/resp-<id>.json``: the worker's answer; with ``ok``, the checkpoint it took."""
+class Answer(TypedDict, total=False):
+    """What a worker (``ControlInbox.respond``) or a supervisor (a warm start's answer) says
+    beside ``ok``: with ``ok``, the checkpoint it took; without, the error."""
 
-    time: float
     step: int
     url: str
     seconds: float
@@ -152,14 +121,21 @@ class Response(_ResponseBase, total=False):
     """A warm start's answer (supervisor/warm.py): the warm worker's pid."""
 
 
+class Response(_ResponseBase, Answer, total=False):
+    """``control/resp-<id>.json``: the answer, with the time it was written."""
+
+    time: float
+
+
 MINIMUM = {"pid": 1, "worker_pid": 1, "supervisor_pid": 1, "uid": 0}
 """Integer fields with a floor: a controller signals pids and looks them up in /proc, where 0
 or less would address a process group or every process."""
 
-D = TypeVar("D", Identity, Status, Event)
+D = TypeVar("D")
 
 
-def _salvage(raw: object, schema: type[D], dropped: Dropped, where: str) -> D:
+def salvage_minimums(raw: object, schema: type[D], dropped: Dropped, where: str) -> D:
+    """``typedjson.salvage``, integer fields under their floor (``MINIMUM``) left out too."""
     if isinstance(raw, dict):
         low = [k for k, floor in MINIMUM.items() if type(raw.get(k)) is int and raw[k] < floor]
         for key in low:
@@ -171,7 +147,7 @@ def _salvage(raw: object, schema: type[D], dropped: Dropped, where: str) -> D:
 def parse_identity(raw: object, dropped: Dropped, where: str = "job.json") -> Identity:
     """What can be taken from a decoded ``job.json``; {} if it is not an object."""
     try:
-        return _salvage(raw, Identity, dropped, where)
+        return salvage_minimums(raw, Identity, dropped, where)
     except SchemaError as exc:
         dropped(f"{where}: {exc.why}; ignored")
         return {}
@@ -192,7 +168,7 @@ def saving_problem(saving: Saving) -> str | None:
 def parse_status(raw: object, dropped: Dropped, where: str = "status.json") -> Status:
     """What can be taken from a decoded ``status.json``; {} if it is not an object."""
     try:
-        status = _salvage(raw, Status, dropped, where)
+        status = salvage_minimums(raw, Status, dropped, where)
     except SchemaError as exc:
         dropped(f"{where}: {exc.why}; ignored")
         return {}
@@ -202,15 +178,6 @@ def parse_status(raw: object, dropped: Dropped, where: str = "status.json") -> S
         dropped(f"{where}: saving: {problem}; left out")
         del status["saving"]
     return status
-
-
-def parse_event(raw: object, dropped: Dropped, where: str = "events.jsonl") -> Event | None:
-    """One decoded line of ``events.jsonl``; None when it has no valid ``time`` and ``event``."""
-    try:
-        return _salvage(raw, Event, dropped, where)
-    except SchemaError as exc:
-        dropped(f"{where}: {exc}; line skipped")
-        return None
 
 
 def parse_response(raw: object, where: str) -> Response:
@@ -223,17 +190,18 @@ def parse_response(raw: object, where: str) -> Response:
 
 __all__ = [
     "STATES",
+    "Answer",
     "CheckpointRecord",
     "Dropped",
-    "Event",
     "Identity",
     "Response",
     "Saving",
     "State",
     "Status",
-    "parse_event",
+    "StatusUpdate",
     "parse_identity",
     "parse_response",
     "parse_status",
+    "salvage_minimums",
     "saving_problem",
 ]

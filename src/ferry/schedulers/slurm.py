@@ -38,6 +38,7 @@ from typing import Any
 
 from ferry.errors import ConfigError, bug
 from ferry.knobs import SLURM_MAX_REQUEUES as DEFAULT_MAX_REQUEUES
+from ferry.runtime.atomicjson import write_json_atomic
 from ferry.schedulers.base import AdapterDefaults
 from ferry.schedulers.sbatch import SbatchSpec, sbatch_script
 
@@ -231,7 +232,7 @@ class SlurmAdapter(AdapterDefaults):
             return
         # The claim is durable before SLURM hears of the requeue: once scontrol returns, SLURM
         # may kill this process at any moment.
-        _write_durably(claim, run.claim(step))
+        write_json_atomic(claim, run.claim(step), durable=True)
         log.info("ferry run: checkpointed at step %s; requeuing SLURM job %s", step, job)
         done = subprocess.run(
             [self.scontrol, "requeue", job], capture_output=True, text=True, env=dict(self.env), check=False
@@ -270,21 +271,6 @@ def _locked(path: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
-
-
-def _write_durably(path: str, doc: Mapping[str, Any]) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dirfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(dirfd)
-    finally:
-        os.close(dirfd)
 
 
 def _read(path: str) -> dict[str, Any] | None:

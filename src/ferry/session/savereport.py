@@ -16,6 +16,7 @@ from ferry.errors import bug
 from ferry.runtime.control import ControlInbox, Request
 from ferry.runtime.grace import slow_save_warning
 from ferry.runtime.jobdir import JobDir
+from ferry.runtime.jobfiles import CheckpointRecord
 from ferry.schedulers import SchedulerAdapter
 
 log = logging.getLogger("ferry")
@@ -74,7 +75,7 @@ class SaveReport:
             info.gbps,
             info.blocking_seconds,
         )
-        entry = {
+        entry: CheckpointRecord = {
             "step": info.step,
             "url": info.url,
             "bytes": info.nbytes,
@@ -85,7 +86,14 @@ class SaveReport:
         self.job.record_checkpoint(entry)
         if self.transfer is not None:
             self._push(info.url.rstrip("/").rsplit("/", 1)[-1], info.step)
-        self.job.event("checkpoint", **entry)
+        self.job.event(
+            "checkpoint",
+            step=info.step,
+            url=info.url,
+            bytes=info.nbytes,
+            seconds=info.seconds,
+            blocking_seconds=info.blocking_seconds,
+        )
         self._warn_grace(info.seconds)
         for r in self._awaiting.pop(info.step, []):
             self.inbox.respond(r.id, ok=True, step=info.step, url=info.url, seconds=info.seconds)

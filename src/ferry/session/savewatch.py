@@ -16,6 +16,7 @@ import threading
 
 from ferry.progress import Tally
 from ferry.runtime.jobdir import JobDir
+from ferry.runtime.jobfiles import Saving
 
 log = logging.getLogger("ferry")
 
@@ -66,8 +67,8 @@ class SaveWatch:
                 with tally.changed:
                     if self._over(serial):
                         return
-                    saving = {"step": tally.step, "bytes": min(tally.done, tally.total), "total": tally.total,
-                              "started": tally.started}  # fmt: skip
+                    done = min(tally.done, tally.total)
+                    saving = Saving(step=tally.step, bytes=done, total=tally.total, started=tally.started)
                 self.job.save_progress(saving)
                 with tally.changed:
                     tally.changed.wait_for(lambda: self._over(serial), timeout=EVERY_SECONDS)

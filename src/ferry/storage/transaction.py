@@ -103,9 +103,10 @@ class Transaction:
     def add_file(self, rel: str, data: Data) -> FileRecord:
         """Write ``data`` durably as ``rel`` and record it."""
         self._check_open()
-        self._makeparent(rel)
+        _make_parent(self.storage, self.staging, rel)
         size, digest = write_hashed(self.storage, self.path(rel), data)
-        return self._record(rel, FileRecord(size, digest))
+        self.records[rel] = record = FileRecord(size, digest)
+        return record
 
     def add_copy(
         self,
@@ -120,18 +121,20 @@ class Transaction:
         ``expect``, a file of another size or checksum fails before it is made durable;
         ``counted(n)`` is told of every ``n`` bytes read (a progress display)."""
         self._check_open()
-        self._makeparent(rel)
+        _make_parent(self.storage, self.staging, rel)
         want = None if expect is None else (expect.size, expect.xxh3_64)
         pieces = read_chunks(src, src_rel)
         if counted is not None:
             pieces = _counting(pieces, counted)
         size, digest = write_hashed(self.storage, self.path(rel), pieces, want)
-        return self._record(rel, FileRecord(size, digest))
+        self.records[rel] = record = FileRecord(size, digest)
+        return record
 
     def add_written(self, rel: str, size: int, digest: str) -> FileRecord:
         """Record a file that another party wrote, durably, into the staging folder."""
         self._check_open()
-        return self._record(rel, FileRecord(size, digest))
+        self.records[rel] = record = FileRecord(size, digest)
+        return record
 
     @property
     def files(self) -> dict[str, dict[str, Any]]:
@@ -142,7 +145,7 @@ class Transaction:
         """Recorded files that are not (or no longer) whole in the staging folder: a remote
         that restarted during a copy may have lost some. A remote that cannot be asked
         (down) raises: that is no answer, not an absence."""
-        return [rel for rel, r in self.records.items() if not self._whole(rel, r.size)]
+        return [rel for rel, r in self.records.items() if not _whole(self.storage, self.path(rel), r.size)]
 
     # ---------------------------------------------------------------- commit / abort
     def commit(self, manifest: Manifest) -> str:
@@ -152,7 +155,7 @@ class Transaction:
             raise StorageError("only the rank that began a checkpoint commits it (rank 0)")
         body = manifest(self.files) if callable(manifest) else manifest
         self.storage.write_bytes(self.path(MANIFEST), body)
-        self._sync_folders()
+        _sync_folders(self.storage, [self.path(rel) for rel in (*self.records, MANIFEST)])
         self.strategy.commit(self.storage, self.staging, self.final)
         self._state = "committed"
         return self.final
@@ -179,28 +182,28 @@ class Transaction:
         if self._state != "open":
             raise StorageError(f"the transaction of {self.final} is {self._state}; begin a new one")
 
-    def _makeparent(self, rel: str) -> None:
-        if "/" in rel:
-            self.storage.makedirs(self.path(rel.rsplit("/", 1)[0]))
 
-    def _record(self, rel: str, record: FileRecord) -> FileRecord:
-        self.records[rel] = record
-        return record
+def _make_parent(storage: Storage, staging: str, rel: str) -> None:
+    """Create the folder of the checkpoint's file ``rel`` below the staging folder."""
+    if "/" in rel:
+        storage.makedirs(f"{staging}/{rel.rsplit('/', 1)[0]}")
 
-    def _whole(self, rel: str, size: int) -> bool:
-        try:
-            return self.storage.size(self.path(rel)) == size
-        except FileNotFoundError:
-            return False
 
-    def _sync_folders(self) -> None:
-        """fsync each folder that got a new entry: the files' bytes are durable already, their
-        names are not until their folder is. Object stores have no folders to sync."""
-        if not isinstance(self.storage, LocalFiles):
-            return
-        folders = {os.path.dirname(self.path(rel)) for rel in (*self.records, MANIFEST)}
-        for folder in sorted(folders, key=len, reverse=True):  # deepest first, the staging last
-            fsync_dir(self.storage.local_path(folder))
+def _whole(storage: Storage, path: str, size: int) -> bool:
+    try:
+        return storage.size(path) == size
+    except FileNotFoundError:
+        return False
+
+
+def _sync_folders(storage: Storage, paths: list[str]) -> None:
+    """fsync each folder that got a new entry (one of ``paths``): the files' bytes are durable
+    already, their names are not until their folder is. Object stores have no folders to sync."""
+    if not isinstance(storage, LocalFiles):
+        return
+    folders = {os.path.dirname(path) for path in paths}
+    for folder in sorted(folders, key=len, reverse=True):  # deepest first, the staging last
+        fsync_dir(storage.local_path(folder))
 
 
 def _counting(pieces: Iterator[memoryview], counted: Callable[[int], None]) -> Iterator[memoryview]:

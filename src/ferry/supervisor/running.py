@@ -19,9 +19,10 @@ from typing import Any
 from ferry.errors import ConfigError, JobError
 from ferry.knobs import LEFTOVER_SECONDS, POLL_SECONDS, PROCESS_POLL_SECONDS
 from ferry.runtime import handoff
+from ferry.runtime.atomicjson import write_json_atomic
 from ferry.runtime.control import answer_left
 from ferry.runtime.finished import write_finished
-from ferry.runtime.jobdir import JobDir, write_json_atomic
+from ferry.runtime.jobdir import JobDir
 from ferry.runtime.jobfiles import Status
 from ferry.schedulers.base import SchedulerAdapter
 from ferry.supervisor.decide import ExitDecision, WorkerExit, decide_exit

@@ -22,6 +22,7 @@ from ferry.runtime.control import answer_left
 from ferry.runtime.finished import start_over, verdict
 from ferry.runtime.identity import choose_identity
 from ferry.runtime.jobdir import JobDir
+from ferry.runtime.jobfiles import Identity
 from ferry.runtime.launch import nodes_of
 from ferry.runtime.rootlock import RootLock
 from ferry.schedulers import detect as detect_scheduler
@@ -123,7 +124,7 @@ class Supervisor:
         slot.refuse_left("the job stopped before it took this request; ask again now")
         if self.options.fresh:
             log.info("%s", start_over(self.checkpoint_dir))
-        job.write_identity(
+        identity = Identity(
             id=self.job_id,
             command=self.command,
             cwd=os.getcwd(),
@@ -133,8 +134,10 @@ class Supervisor:
             checkpoint_dir=self.checkpoint_dir,
             scheduler=self.scheduler.name,
             scheduler_restarts=self.scheduler.restart_count(),
-            **({} if self.node is None else {"node": self.node, "nodes": self.nodes.count}),
         )
+        if self.node is not None:
+            identity["node"], identity["nodes"] = self.node, self.nodes.count
+        job.write_identity(**identity)
         # A new run: what the previous one concluded no longer holds (checkpoints stay listed).
         job.update_status(
             "starting",

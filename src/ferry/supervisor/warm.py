@@ -23,13 +23,18 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from ferry.errors import JobError, bug
+from ferry.runtime.atomicjson import write_json_atomic
 from ferry.runtime.control import MAX_REQUEST_BYTES, ControlInbox
-from ferry.runtime.jobdir import JobDir, read_json, write_json_atomic
+from ferry.runtime.jobdir import JobDir, read_json
+from ferry.runtime.jobfiles import Answer
 from ferry.runtime.warmstart import ENV, GO, READY, WarmFds
 from ferry.supervisor.worker import WorkerGroup
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 log = logging.getLogger("ferry.run")
 PREFIX = "warm-"
@@ -44,10 +49,21 @@ class WarmRequest:
     gave up or died)."""
 
 
+class WarmRequestDoc(TypedDict):
+    """``control/warm-<id>.json`` as ``ferry migrate`` writes it (``submit``)."""
+
+    id: str
+    created: float
+    uid: int
+    """Informational: the supervisor trusts the file's owner, not what the file says."""
+    env: dict[str, str]
+    expires: float
+
+
 def submit(job: JobDir, env: Mapping[str, str], *, expires: float) -> str:
     """Ask the job's supervisor for a warm worker with ``env``; returns the request id."""
     rid = uuid.uuid4().hex[:12]
-    doc = {"id": rid, "created": time.time(), "uid": os.getuid(), "env": dict(env), "expires": expires}
+    doc = WarmRequestDoc(id=rid, created=time.time(), uid=os.getuid(), env=dict(env), expires=expires)
     try:
         write_json_atomic(os.path.join(job.control, f"{PREFIX}{rid}.json"), doc)
     except PermissionError as exc:
@@ -109,7 +125,7 @@ class WarmGate(Protocol):
     def settled(self, job: JobDir) -> bool: ...
 
 
-def answer(job: JobDir, rid: str, *, ok: bool, **fields: object) -> None:
+def answer(job: JobDir, rid: str, *, ok: bool, **fields: Unpack[Answer]) -> None:
     ControlInbox(job).respond(rid, ok=ok, **fields)
 
 
