@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from ferry.engine.format import TORCH_DTYPES
 
 import ferry
+from ferry.engine.codec import TORCH_DTYPES
 from ferry.errors import FerryError
 from ferry.format.manifest import Manifest, TensorRecord, _fitting_records, _plain_records, check_tensors
 from ferry.typedjson import SchemaError, check, parse
