@@ -139,6 +139,12 @@ def export_cmd(job: str, dest_url: str, timeout: float, as_json: bool) -> None:
     )
 
 
+def _resume_target(checkpoint_dir: str | None, job_id: str) -> str:
+    """Where a resumed job's checkpoints go: --dir, or ./ferry-checkpoints/<job>; absolute."""
+    target = checkpoint_dir or os.path.join("ferry-checkpoints", job_id)
+    return target if "://" in target else os.path.abspath(target)
+
+
 @click.command("resume")
 @click.argument("source")
 @click.option("--gpus", type=DEVICES, help="CUDA_VISIBLE_DEVICES for the job (default: the bundle's).")
@@ -199,8 +205,7 @@ def resume_cmd(
     the move is printed.
     """
     job_id = job_id or default_job_id()
-    target = checkpoint_dir or os.path.join("ferry-checkpoints", job_id)
-    target = target if "://" in target else os.path.abspath(target)
+    target = _resume_target(checkpoint_dir, job_id)
     progress = _progress(as_json)
     if warm and bundles.load_bundle(source) is None:
         _resume_warm(

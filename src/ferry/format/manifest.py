@@ -217,13 +217,9 @@ _NUMPY_ITEMSIZES: dict[str, int] = {}
 """safe_np_dtype(name).itemsize by name, for the dtypes it accepted."""
 
 
-def _fitting_records(value: object, files: object) -> list[TensorRecord] | None:
-    """``value`` itself when every record is plain (``_plain_records``) and passes
-    ``check_tensors`` against ``files`` (the manifest's, not yet parsed): both checks in
-    one pass, a field read once, for the tens of thousands of records of a big state. None
-    when any record does not (or ``files`` is not plain): the two checks then run as
-    always, in their order, and their messages say what is wrong."""
-    if type(value) is not list or type(files) is not dict:
+def _file_sizes(files: object) -> dict[object, int] | None:
+    """Each file's size, when ``files`` is a plain dict of plain sizes; None otherwise."""
+    if type(files) is not dict:
         return None
     sizes: dict[object, int] = {}
     for name, meta in files.items():
@@ -231,6 +227,18 @@ def _fitting_records(value: object, files: object) -> list[TensorRecord] | None:
         if type(size) is not int or not 0 <= size <= INT_MAX:
             return None
         sizes[name] = size
+    return sizes
+
+
+def _fitting_records(value: object, files: object) -> list[TensorRecord] | None:
+    """``value`` itself when every record is plain (``_plain_records``) and passes
+    ``check_tensors`` against ``files`` (the manifest's, not yet parsed): both checks in
+    one pass, a field read once, for the tens of thousands of records of a big state. None
+    when any record does not (or ``files`` is not plain): the two checks then run as
+    always, in their order, and their messages say what is wrong."""
+    sizes = _file_sizes(files)
+    if type(value) is not list or sizes is None:
+        return None
     devices: set[str] = set()
     torch_sizes = TORCH_ITEMSIZES
     for e in value:
