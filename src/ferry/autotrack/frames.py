@@ -44,7 +44,7 @@ from ferry.state.framestate import (
 )
 from ferry.state.usercode import user_frames
 
-_FERRY_ITERS = {"TrackedIter", "_FastForward"}
+_FERRY_ITERS = {"TrackedIter", "FastForward"}
 
 
 def loop_frames(start: FrameType | None) -> list[FrameType]:

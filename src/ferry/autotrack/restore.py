@@ -235,7 +235,7 @@ def _check(it: Any, state: LoopState) -> str | None:
     if state.kind == LOADER:
         return (
             None
-            if kind in ("TrackedIter", "_FastForward")
+            if kind in ("TrackedIter", "FastForward")
             else f"the loop iterates a {kind} now, not a DataLoader"
         )
     if kind != state.kind:
