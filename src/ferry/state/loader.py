@@ -82,6 +82,12 @@ class LoaderTracker:
         """How its batches feed optimizer steps (zero-code mode; state/feeding.py)."""
         self.held = 0
         """At a checkpoint: batches handed out but not yet trained (held ahead by a wrapper)."""
+        self.asked_by_generator = False
+        """The last batch was asked for by a generator of the user's code: one that wraps the
+        loader, whose frame (and the batches it holds ahead) the loop's state captures."""
+        self.kept = 0
+        """Resuming in place: batches the restored frames hold, handed out after the saved
+        position's trained ones (the loader continues after them)."""
         self.pool_rng: dict[str, Any] | None = None
         """A persistent worker pool's: the random state its creation drew its base seed from
         (in this process, or, until the pool is made here, in the checkpoint's)."""
@@ -94,6 +100,7 @@ class LoaderTracker:
         return {
             "epoch": self.epoch,
             "batches": self.batches - self.held,
+            "kept": self.held if self.asked_by_generator else 0,
             "feeding": self.feeding.state(),
             "length": _length(loader),
             "epoch_rng": self.epoch_rng,
@@ -122,6 +129,7 @@ class LoaderTracker:
         target = self.resume_at
         if target is not None and not self.relative and self.hooks.resume_in_place(self):
             self.relative = True  # the script's loop is put back too: continue the saved epoch now
+            self.kept = _kept(target)  # and the wrapping generator, with the batches it held
         if target is not None and self.relative:
             self.epoch = int(target["epoch"])
         if target is not None and self.epoch < int(target["epoch"]) and self.hooks.fast_forwarding(self):
@@ -169,7 +177,8 @@ class LoaderTracker:
     ) -> Iterator[Any]:
         self.resume_at = None
         self.relative = False
-        skip = len(loader) if target.get("complete") else int(target["batches"])
+        kept, self.kept = self.kept, 0
+        skip = len(loader) if target.get("complete") else int(target["batches"]) + kept
         stash = capture_epoch_rng(loader)
         self.epoch_rng = target["epoch_rng"]
         if self.epoch_rng is not None:
@@ -209,12 +218,21 @@ class LoaderTracker:
                 if starts is not None:
                     starts.rng_states = None  # workers of later epochs start as PyTorch seeds them
         self.batches = skip
-        self.feeding.resumed(skip, target.get("feeding"))
+        self.feeding.resumed(skip, target.get("feeding"), kept=kept)
         if self.restore_pending:
-            return TrackedIter(self, it, restore_point=True)
+            return TrackedIter(self, it, restore_point=True, kept=kept)
         apply_epoch_rng(loader, stash)  # explicit restore already set the save-time state
         self.restore_generators(target)
         return TrackedIter(self, it)
+
+
+def _kept(position: dict[str, Any]) -> int:
+    """The position's batches held by the frames it was taken in (a plausible count: it
+    comes from a checkpoint; never more than the loader has left)."""
+    kept, batches, length = position.get("kept"), position.get("batches"), position.get("length")
+    if type(kept) is not int or type(batches) is not int or not 0 <= kept < 1 << 20:
+        return 0
+    return kept if type(length) is not int or batches + kept <= length else 0
 
 
 def _rewinder(loader: DataLoader[Any], epoch_rng: dict[str, Any]) -> Callable[[], None]:

@@ -5,17 +5,27 @@ already covers, met before the restore point."""
 from __future__ import annotations
 
 import dis
+import functools
+import inspect
 import sys
 from collections.abc import Callable, Iterator
-from types import FrameType
+from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader
 
 from ferry.state import worker_rng
+from ferry.state.usercode import is_user_file
 
 if TYPE_CHECKING:
     from ferry.state.loader import LoaderTracker
+
+
+@functools.cache
+def _users_generator(code: CodeType) -> bool:
+    """Is ``code`` a generator of the user's code? One asking for batches wraps the loader
+    (a prefetcher, a transform per batch), and its frame, with what it holds, is captured."""
+    return bool(code.co_flags & inspect.CO_GENERATOR) and is_user_file(code.co_filename)
 
 
 def _in_for_loop(frame: FrameType | None) -> bool:
@@ -63,10 +73,15 @@ class FastForward:
 class TrackedIter:
     """The iterator a tracked loader hands out: each request for a batch is a safe point."""
 
-    def __init__(self, tracker: LoaderTracker, real: Iterator[Any], restore_point: bool = False) -> None:
+    def __init__(
+        self, tracker: LoaderTracker, real: Iterator[Any], restore_point: bool = False, kept: int = 0
+    ) -> None:
         self.tracker = tracker
         self.real = real
         self._restore_point = restore_point
+        self._kept = kept
+        """Batches the restored frames hold (a wrapping generator's, handed out before the
+        checkpoint): announced as taken at the restore point, as the stopped run took them."""
 
     def __iter__(self) -> TrackedIter:
         return self
@@ -76,12 +91,15 @@ class TrackedIter:
 
     def __next__(self) -> Any:
         hooks = self.tracker.hooks
+        caller = sys._getframe(1)
         if self.tracker.batches == 0 and self.tracker.feeding.site is None:
-            caller = sys._getframe(1)
             self.tracker.feeding.site = (caller.f_code.co_filename, caller.f_lineno)
+        self.tracker.asked_by_generator = _users_generator(caller.f_code)
         if self._restore_point:
             self._restore_point = False
             hooks.at_restore_point(self.tracker)
+            for _ in range(self._kept):
+                hooks.after_batch(self.tracker)
         hooks.before_batch(self.tracker)
         batch = next(self.real)
         while worker_rng.is_blank(batch):  # only first, in an epoch resumed with workers
