@@ -157,9 +157,8 @@ class Values:
     ) -> Entry | None:
         """What is kept of ``value``, found under ``name`` (dotted for an attribute) in a frame
         (``where``: as messages say it, with its line; ``scope``: the same for every safe
-        point: file and function); None when nothing is. ``batches``: in a generator's frame,
-        whose locals are the batches it holds: arrays that change are kept whole (up to
-        ``ATTRIBUTE_BYTES``), and a library object holding tensors is named."""
+        point: file and function); None when nothing is. ``batches``: in a generator's frame
+        (its locals: batches it holds), changed arrays are kept whole, library objects named."""
         kind = own_kind(value)
         if id(value) in self.tracked and kind != "mixed":  # a tracked model keeps its mode, say
             return None
@@ -189,18 +188,12 @@ class Values:
         if kind is not None:
             if id(value) in self._objects or depth >= MAX_OBJECT_DEPTH:
                 return None  # kept where first met (the frames hold one object: one restore)
-            return self._object(
-                value, where, scope, name, depth, scalars_only=kind == "mixed", batches=batches
-            )
+            mixed = kind == "mixed"
+            return self._object(value, where, scope, name, depth, scalars_only=mixed, batches=batches)
         if self._holds_owned(value):
             return None  # an optimizer's param group: the tracked objects' own state
         if batches and _holds_arrays(value):
-            self.problems.append(Problem(
-                f"{where}: `{name}`",
-                f"the generator holds a {_type_name(value)} with tensors in it, which zero-code mode cannot "
-                "capture: a batch it holds ahead of training is not restored after a resume",
-                "hold batches as tensors, or tuples, lists or dicts of them (zero-code mode captures those)",
-            ))  # fmt: skip
+            self.problems.append(_uncaptured_batch(value, where, name))
         self._watch(
             value,
             where,
@@ -287,6 +280,15 @@ def _big(value: object) -> bool:
     if type(value) is np.ndarray:
         return value.nbytes > SMALL_BYTES and value.dtype.kind in "biufc"
     return type(value) is torch.Tensor and value.layout == torch.strided and value.nbytes > SMALL_BYTES
+
+
+def _uncaptured_batch(value: object, where: str, name: str) -> Problem:
+    return Problem(
+        f"{where}: `{name}`",
+        f"the generator holds a {_type_name(value)} with tensors in it, which zero-code mode cannot "
+        "capture: a batch it holds ahead of training is not restored after a resume",
+        "hold batches as tensors, or tuples, lists or dicts of them (zero-code mode captures those)",
+    )
 
 
 def _type_name(value: object) -> str:
