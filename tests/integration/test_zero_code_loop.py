@@ -37,10 +37,10 @@ def test_what_zero_code_cannot_capture_is_said_with_file_line_and_fix(tmp_path: 
     assert proc.stdout == "8 8\n"
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("ferry: warning:")]
     assert warnings == [
-        "ferry: warning: zc_uncaptured.py:29 (in main): a `for` loop iterates a generator, whose position "
+        "ferry: warning: zc_uncaptured.py:33 (in main): a `for` loop iterates a generator, whose position "
         "zero-code mode cannot read: after a resume it starts over; to make it exact: iterate a DataLoader "
         "or a range, or skip what `ferry.global_step` says is done",
-        "ferry: warning: zc_uncaptured.py:29 (in main): `stats` (a local) changes during training and "
+        "ferry: warning: zc_uncaptured.py:33 (in main): `stats` (a local) changes during training and "
         "zero-code mode does not capture it: after a resume it holds only what the resumed run puts in; "
         "to make it exact: keep plain values in it (numbers, strings, tensors, arrays, lists and dicts of "
         "those): zero-code mode captures those",

@@ -121,6 +121,14 @@ def _set(path: str, value: object) -> Callable[[dict[str, Any]], None]:
     return mutate
 
 
+def _both(*mutations: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    def mutate(tree: dict[str, Any]) -> None:
+        for m in mutations:
+            m(tree)
+
+    return mutate
+
+
 REFUSED_BY_THE_PARSER = [
     # (mutation, the field the error names)
     (_set("loops/0/at", "abc"), "loops[0].at"),
@@ -130,7 +138,11 @@ REFUSED_BY_THE_PARSER = [
     (_set("loops/1/at/count", "abc"), "loops[1].at.count"),
     (_set("loops/1/at/count", -7), "loops[1].at.count"),
     (_set("loops/1/at/inner/at", -1), "loops[1].at.inner.at"),
-    (_set("loops/0/kind", "generator"), "loops[0].kind"),
+    (_set("loops/0/kind", "coroutine"), "loops[0].kind"),
+    (_both(_set("loops/0/kind", "generator"), _set("loops/0/at", -1)), "loops[0].at"),
+    (_both(_set("loops/0/kind", "generator"), _set("loops/0/at", None)), "loops[0].at"),
+    (_set("offset", -3), "offset"),
+    (_set("offset", "0"), "offset"),
     (_set("loops/1/kind", "zip"), "loops[1].at"),
     (_set("values/__builtins__", {"value": {}}), "values"),
     (_set("values/box/object/__class__", {"value": 1}), "values.box"),
@@ -184,6 +196,16 @@ REFUSED_BY_THE_LIVE_FRAME = [
         {},
     ),
     (_set("loops/0/slot", 7), "loops[0] (range): no loop's iterator at stack slot 7", {}),
+    (
+        _set("loops/0/kind", "generator"),
+        "loops[0] (generator): the loop iterates a range_iterator now, not the generator the checkpoint's",
+        {},
+    ),
+    (  # an offset only a generator's frame has: the frame is left whole as the resumed run made it
+        _set("offset", 0),
+        "(in _loop): runs instruction",
+        {"epoch": 0, "i": 0, "x": 5, "count": 0, "box": {"count": 0, "name": "box"}},
+    ),
 ]
 
 

@@ -12,7 +12,11 @@ Of each one ferry keeps (``values.py``):
   ``self.tokens`` of a token loader, ``self.history``), nested objects of its classes too;
 - the position of each iterator its ``for`` loops drive (``range``, ``enumerate``, list
   and tuple iterators, ``zip``/``map`` over those), read from the value stack
-  (``stack.py``). A DataLoader's iterator is positioned by its tracker.
+  (``stack.py``). A DataLoader's iterator is positioned by its tracker. A generator that
+  wraps the loader (timm's prefetcher, a transform per batch) is running at the safe point,
+  so its frame is one of the loop's frames: its position is that frame's state (its
+  locals, the batches it holds ahead among them, and the instruction it runs), and a loop
+  over it is put back with it.
 
 Each frame is recorded with the digest of its code (``codeid.py``): a frame of the resumed
 process that runs other code is not written into. What ferry sees but cannot capture (a
@@ -22,6 +26,7 @@ the file and line and the line of the explicit API that fixes it.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from dataclasses import dataclass, field
@@ -31,6 +36,7 @@ from typing import Any
 from ferry.autotrack import codeid, ranges, stack
 from ferry.autotrack.values import Problem, Values, Watched
 from ferry.state.framestate import (
+    GENERATOR,
     LOADER,
     MAX_POSITION,
     POSITIONED,
@@ -45,7 +51,7 @@ from ferry.state.framestate import (
 )
 from ferry.state.usercode import user_frames
 
-_FERRY_ITERS = {"TrackedIter", "_FastForward"}
+_FERRY_ITERS = {"TrackedIter", "FastForward"}
 
 
 def loop_frames(start: FrameType | None) -> list[FrameType]:
@@ -66,6 +72,11 @@ def key(frame: FrameType) -> tuple[str, str, int]:
 
 def is_module(frame: FrameType) -> bool:
     return frame.f_code.co_name == "<module>"
+
+
+def is_generator(frame: FrameType) -> bool:
+    """Is ``frame`` a generator's (its state is only valid at the instruction it runs)?"""
+    return bool(frame.f_code.co_flags & inspect.CO_GENERATOR)
 
 
 def names_of(frame: FrameType) -> tuple[str, ...]:
@@ -89,12 +100,13 @@ class Captured:
 
 def capture(frames: list[FrameType], values: Values) -> Captured:
     """The state of ``frames`` (from ``loop_frames``), through ``values``."""
-    out = [_frame_state(frame, values) for frame in frames]
+    chain = {id(frame): i for i, frame in enumerate(frames)}
+    out = [_frame_state(frame, values, chain) for frame in frames]
     return Captured(out, values.problems, values.watched, values.big, values.signatures)
 
 
-def _frame_state(frame: FrameType, values: Values) -> Frame:
-    module = is_module(frame)
+def _frame_state(frame: FrameType, values: Values, chain: dict[int, int]) -> Frame:
+    module, generator = is_module(frame), is_generator(frame)
     defined = names_of(frame)
     namespace = frame.f_globals if module else frame.f_locals
     kept: dict[str, Entry] = {}
@@ -102,7 +114,8 @@ def _frame_state(frame: FrameType, values: Values) -> Frame:
     for name in defined:
         if name not in namespace:
             continue
-        entry = values.entry(namespace[name], here, scope, name, module=module)
+        # a generator's locals are the batches it holds: an array that changes is kept whole
+        entry = values.entry(namespace[name], here, scope, name, module=module, batches=generator)
         if entry is not None:
             kept[name] = entry
     code = frame.f_code
@@ -113,11 +126,12 @@ def _frame_state(frame: FrameType, values: Values) -> Frame:
         code=codeid.digest(code),
         names=defined,
         values=kept,
-        loops=_loops(frame, values.problems),
+        loops=_loops(frame, values.problems, chain),
+        offset=stack.instruction(frame) if generator else None,
     )
 
 
-def _loops(frame: FrameType, problems: list[Problem]) -> tuple[Loop, ...]:
+def _loops(frame: FrameType, problems: list[Problem], chain: dict[int, int]) -> tuple[Loop, ...]:
     live = stack.loop_iterators(frame)
     if live is None and stack.inside_loops(frame):
         problems.append(
@@ -131,7 +145,7 @@ def _loops(frame: FrameType, problems: list[Problem]) -> tuple[Loop, ...]:
         )
     loops = []
     for slot, value in sorted((live or {}).items()):
-        state = loop_state(value)
+        state = loop_state(value, chain)
         loops.append(Loop(slot, state))
         bad = unsupported(state)
         if bad:
@@ -146,11 +160,15 @@ def _loops(frame: FrameType, problems: list[Problem]) -> tuple[Loop, ...]:
     return tuple(loops)
 
 
-def loop_state(it: Any) -> LoopState:
-    """An iterator's kind and position (``LoopState``)."""
+def loop_state(it: Any, chain: dict[int, int] | None = None) -> LoopState:
+    """An iterator's kind and position (``LoopState``); ``chain``: the loop's frames (by id:
+    their index), where a generator that wraps the loader runs."""
     kind = type(it).__name__
     if kind in _FERRY_ITERS:
         return LoopState(LOADER, None)
+    frame = getattr(it, "gi_frame", None) if inspect.isgenerator(it) else None
+    if frame is not None and chain is not None and id(frame) in chain:
+        return LoopState(GENERATOR, chain[id(frame)])
     if kind in ranges.KINDS:
         left = ranges.left(it)
         return LoopState(RANGE_LEFT, left) if left <= MAX_POSITION else LoopState("?" + kind, None)
@@ -164,11 +182,11 @@ def loop_state(it: Any) -> LoopState:
         inner, count = it.__reduce__()[1]
         if not 0 <= count <= MAX_POSITION:
             return LoopState("?" + kind, None)
-        return LoopState(kind, Enumerated(int(count), loop_state(inner)))
+        return LoopState(kind, Enumerated(int(count), loop_state(inner, chain)))
     if kind in ("zip", "map"):
         args = it.__reduce__()[1]
         inners = args if kind == "zip" else args[1:]
-        return LoopState(kind, tuple(loop_state(i) for i in inners))
+        return LoopState(kind, tuple(loop_state(i, chain) for i in inners))
     return LoopState("?" + kind, None)
 
 

@@ -12,7 +12,9 @@ the live frames can tell:
   the kind the attribute holds now; straight into the object's ``__dict__``, so that no
   property, ``__setattr__`` or descriptor runs;
 - a loop's position must lie within what the loop iterates now, of the same kind of
-  iterator; an ``enumerate`` keeps its count;
+  iterator; an ``enumerate`` keeps its count; a generator that wraps the loader must be the
+  one whose frame is written, and that frame must run the instruction it ran at the
+  checkpoint (else nothing of it is written, and what it held ahead is said to be lost);
 - a big array kept by fingerprint is compared with the resumed process's own.
 
 Each field refused is one line naming the frame and the field; the rest is written.
@@ -30,9 +32,10 @@ import numpy as np
 import torch
 
 from ferry.autotrack import ranges, stack
-from ferry.autotrack.frames import is_module, names_of, where
+from ferry.autotrack.frames import is_generator, is_module, names_of, where
 from ferry.autotrack.values import Digests, own_kind
 from ferry.state.framestate import (
+    GENERATOR,
     LOADER,
     POSITIONED,
     RANGE_LEFT,
@@ -59,22 +62,56 @@ class Restored:
 
 def restore(saved: tuple[Frame, ...], frames: list[FrameType], digests: Digests) -> Restored:
     """Write ``saved`` into ``frames`` (the same chain, the same code: ``frames.mismatch``)."""
-    writer = _Writer(digests)
-    for state, frame in zip(saved, frames, strict=True):
-        writer.frame(state, frame)
+    chain = _Chain(frames, {i for i, (s, f) in enumerate(zip(saved, frames, strict=True)) if _moved(s, f)})
+    writer = _Writer(digests, chain)
+    for i, (state, frame) in enumerate(zip(saved, frames, strict=True)):
+        if i in chain.moved:
+            writer.out.refused.append(
+                f"{where(frame)}: runs instruction {stack.instruction(frame)} now, the checkpoint's "
+                f"frame ran {state.offset}: nothing of it is written, and the batches it held ahead "
+                "of training are not restored: this resume is not exact"
+            )
+        else:
+            writer.frame(state, frame)
     return writer.out
 
 
+def _moved(state: Frame, frame: FrameType) -> bool:
+    """Does a generator's frame run another instruction than it did at the checkpoint (or
+    has a frame an offset it could not have: a generator's without one, another's with one)?"""
+    if state.offset is None and not is_generator(frame):
+        return False
+    return stack.instruction(frame) != state.offset
+
+
+@dataclass(frozen=True)
+class _Chain:
+    """The frames written into, and those of generators that are not (they moved)."""
+
+    frames: list[FrameType]
+    moved: set[int]
+
+    def generator(self, it: Any, at: int) -> str | None:
+        """Is ``it`` the generator whose frame is ``frames[at]``, and is that frame written?"""
+        frame = getattr(it, "gi_frame", None)
+        if not 0 <= at < len(self.frames) or frame is not self.frames[at]:
+            return f"the loop iterates {_a(it)} now, not the generator the checkpoint's did"
+        if at in self.moved:
+            return "the generator it iterates is not restored, the loop starts over"
+        return None
+
+
 class _Writer:
-    def __init__(self, digests: Digests) -> None:
+    def __init__(self, digests: Digests, chain: _Chain) -> None:
         self.out = Restored()
         self.digests = digests
+        self.chain = chain
         self.aliases: dict[int, Any] = {}
 
     def frame(self, state: Frame, frame: FrameType) -> None:
         here = where(frame)
         for i, loop in enumerate(state.loops):
-            why = _position(frame, loop.slot, loop.state)
+            why = _position(frame, loop.slot, loop.state, self.chain)
             if why is not None:
                 self.out.refused.append(f"{here}: loops[{i}] ({loop.state.kind.lstrip('?')}): {why}")
         module = is_module(frame)
@@ -225,7 +262,7 @@ def _a(value: Any) -> str:
 
 
 # ---------------------------------------------------------------------- loops
-def _position(frame: FrameType, slot: int, state: LoopState) -> str | None:
+def _position(frame: FrameType, slot: int, state: LoopState, chain: _Chain) -> str | None:
     """Put one loop's position back; why not, if it was not."""
     if state.kind.startswith("?"):
         return "its position is not captured, the loop starts over"
@@ -233,22 +270,24 @@ def _position(frame: FrameType, slot: int, state: LoopState) -> str | None:
     it = live.get(slot)
     if it is None:
         return f"no loop's iterator at stack slot {slot} here, not written"
-    why = _check(it, state)
+    why = _check(it, state, chain)
     if why is None:
         why = _apply(it, state)
     return why
 
 
-def _check(it: Any, state: LoopState) -> str | None:
+def _check(it: Any, state: LoopState, chain: _Chain) -> str | None:
     kind = type(it).__name__
     if state.kind == LOADER:
         return (
             None
-            if kind in ("TrackedIter", "_FastForward")
+            if kind in ("TrackedIter", "FastForward")
             else f"the loop iterates a {kind} now, not a DataLoader"
         )
     if state.kind == RANGE_LEFT:
         return _check_range(it, state.at)
+    if state.kind == GENERATOR and isinstance(state.at, int):
+        return chain.generator(it, state.at)  # its frame holds its position: written there
     if kind != state.kind:
         return f"the loop iterates a {kind} now, not a {state.kind}"
     at = state.at
@@ -264,13 +303,13 @@ def _check(it: Any, state: LoopState) -> str | None:
             return f"position {at} is outside the {length} items it iterates now, not written"
         return None
     if kind == "enumerate" and isinstance(at, Enumerated):
-        return _check(it.__reduce__()[1][0], at.inner)
+        return _check(it.__reduce__()[1][0], at.inner, chain)
     if kind in ("zip", "map") and isinstance(at, tuple):
         args = it.__reduce__()[1]
         inners = args if kind == "zip" else args[1:]
         if len(inners) != len(at):
             return f"the {kind} draws from {len(inners)} iterators now, the checkpoint's from {len(at)}"
-        return next((why for i, s in zip(inners, at, strict=True) if (why := _check(i, s))), None)
+        return next((why for i, s in zip(inners, at, strict=True) if (why := _check(i, s, chain))), None)
     return f"a {kind} whose position does not match the checkpoint's"
 
 

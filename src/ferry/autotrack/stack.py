@@ -160,7 +160,7 @@ def inside_loops(frame: FrameType) -> bool:
         return True
 
 
-def _here(frame: FrameType) -> int:
+def instruction(frame: FrameType) -> int:
     """Offset of the instruction ``frame`` is executing."""
     offsets = _offsets(frame.f_code)
     at = bisect.bisect_right(offsets, frame.f_lasti) - 1
@@ -180,7 +180,7 @@ def loop_iterators(frame: FrameType) -> dict[int, Any] | None:
 def _at(frame: FrameType) -> _At | None:
     """The stack layout before the instruction holding ``f_lasti`` (which may point into
     its inline caches: a frame that is calling reports the call's last cache entry)."""
-    return _layout(frame.f_code).get(_here(frame))
+    return _layout(frame.f_code).get(instruction(frame))
 
 
 @cache

@@ -20,7 +20,9 @@ when training changes it.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from types import FunctionType, ModuleType
@@ -29,7 +31,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 import xxhash
-from torch.utils.data import DataLoader
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
 
 from ferry.state.framestate import MAX_DEPTH, MAX_ITEMS, Entry, Fingerprint, is_key, is_name, plain_problem
 from ferry.state.usercode import is_user_file
@@ -142,11 +145,20 @@ class Values:
     _objects: set[int] = field(default_factory=set)
 
     def entry(
-        self, value: Any, where: str, scope: str, name: str, *, depth: int = 0, module: bool = False
+        self,
+        value: Any,
+        where: str,
+        scope: str,
+        name: str,
+        *,
+        depth: int = 0,
+        module: bool = False,
+        batches: bool = False,
     ) -> Entry | None:
         """What is kept of ``value``, found under ``name`` (dotted for an attribute) in a frame
         (``where``: as messages say it, with its line; ``scope``: the same for every safe
-        point: file and function); None when nothing is."""
+        point: file and function); None when nothing is. ``batches``: in a generator's frame
+        (its locals: batches it holds), changed arrays are kept whole, library objects named."""
         kind = own_kind(value)
         if id(value) in self.tracked and kind != "mixed":  # a tracked model keeps its mode, say
             return None
@@ -156,7 +168,7 @@ class Values:
                 self.signatures[f"{scope}:{name}"] = signature
         if _big(value):
             try:
-                return self._big(value, where, f"{scope}:{name}", name, attribute=depth > 0)
+                return self._big(value, where, f"{scope}:{name}", name, depth=depth, batches=batches)
             except (RuntimeError, NotImplementedError):  # no bytes to read (a meta tensor)
                 return None
         if type(value) is set:
@@ -168,7 +180,7 @@ class Values:
         if problem is None:
             if self._holds_owned(value):
                 return None  # a parameter, or a list of them: the tracked objects' own state
-            if sum(nbytes(t) for t in _arrays(value)) > SMALL_BYTES:
+            if sum(nbytes(t) for t in _arrays(value)) > (ATTRIBUTE_BYTES if batches else SMALL_BYTES):
                 self._watch(value, where, f"{scope}:{name}", name, depth, module, too_big=True)
                 return None
             alias = self._alias(value) if type(value) in (list, dict) else None
@@ -176,9 +188,12 @@ class Values:
         if kind is not None:
             if id(value) in self._objects or depth >= MAX_OBJECT_DEPTH:
                 return None  # kept where first met (the frames hold one object: one restore)
-            return self._object(value, where, scope, name, depth, scalars_only=kind == "mixed")
+            mixed = kind == "mixed"
+            return self._object(value, where, scope, name, depth, scalars_only=mixed, batches=batches)
         if self._holds_owned(value):
             return None  # an optimizer's param group: the tracked objects' own state
+        if batches and _holds_arrays(value):
+            self.problems.append(_uncaptured_batch(value, where, name))
         self._watch(
             value,
             where,
@@ -191,7 +206,7 @@ class Values:
         return None
 
     def _object(
-        self, obj: Any, where: str, scope: str, name: str, depth: int, *, scalars_only: bool
+        self, obj: Any, where: str, scope: str, name: str, depth: int, *, scalars_only: bool, batches: bool
     ) -> Entry:
         self._objects.add(id(obj))
         attrs = {}
@@ -202,29 +217,34 @@ class Values:
                 if _scalar(value):
                     attrs[attr] = Entry("value", value)
                 continue
-            kept = self.entry(value, where, scope, f"{name}.{attr}", depth=depth + 1)
+            kept = self.entry(value, where, scope, f"{name}.{attr}", depth=depth + 1, batches=batches)
             if kept is not None:
                 attrs[attr] = kept
         return Entry("object", attrs=attrs)
 
     def _big(
-        self, value: torch.Tensor | np.ndarray, where: str, key: str, name: str, *, attribute: bool
+        self, value: torch.Tensor | np.ndarray, where: str, key: str, name: str, *, depth: int, batches: bool
     ) -> Entry:
         found = self.digests.of(value)
         self.big[key] = found
         changed = self.first is not None and self.first.get(key) != found
-        if not attribute or not changed or self.looking:
+        if not (depth > 0 or batches) or not changed or self.looking:
             return Entry("fingerprint", fingerprint=found)
         if nbytes(value) <= ATTRIBUTE_BYTES:
             return Entry("value", _copy(value), device=_device(value))
         owner = name.split(".")[0]
+        fix = (
+            f"give the class of `{owner}` state_dict()/load_state_dict() methods that save and reload it, "
+            f"and call `ferry.track({owner}={owner})`"
+            if depth
+            else "let the generator hold smaller batches, or iterate the DataLoader itself"
+        )
         self.problems.append(Problem(
             f"{where}: `{name}`",
             f"a {nbytes(value) >> 20} MiB array that changed during training, too big for zero-code mode "
             f"to keep in every checkpoint (over {ATTRIBUTE_BYTES >> 20} MiB): after a resume it holds what "
             "the resumed run makes",
-            f"give the class of `{owner}` state_dict()/load_state_dict() methods that save and reload it, "
-            f"and call `ferry.track({owner}={owner})`",
+            fix,
         ))  # fmt: skip
         return Entry("fingerprint", fingerprint=found)
 
@@ -260,6 +280,38 @@ def _big(value: object) -> bool:
     if type(value) is np.ndarray:
         return value.nbytes > SMALL_BYTES and value.dtype.kind in "biufc"
     return type(value) is torch.Tensor and value.layout == torch.strided and value.nbytes > SMALL_BYTES
+
+
+def _uncaptured_batch(value: object, where: str, name: str) -> Problem:
+    return Problem(
+        f"{where}: `{name}`",
+        f"the generator holds a {_type_name(value)} with tensors in it, which zero-code mode cannot "
+        "capture: a batch it holds ahead of training is not restored after a resume",
+        "hold batches as tensors, or tuples, lists or dicts of them (zero-code mode captures those)",
+    )
+
+
+def _type_name(value: object) -> str:
+    t = type(value)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _holds_arrays(value: object, depth: int = 0) -> bool:
+    """Does a library object hold tensors or arrays (in its items or attributes, two levels
+    down, the first 16 of each)? A model, a dataset, a loader or its iterator (torch's,
+    ferry's) is not a batch."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        return True
+    module = type(value).__module__.split(".")[0]
+    if depth > 2 or module in ("torch", "ferry") or isinstance(value, (nn.Module, Dataset, str, bytes)):
+        return False
+    if isinstance(value, Mapping):
+        items: Iterable[Any] = value.values()
+    elif isinstance(value, Sequence):
+        items = value
+    else:
+        items = getattr(value, "__dict__", {}).values()
+    return any(_holds_arrays(x, depth + 1) for x in itertools.islice(items, 16))
 
 
 def _scalar(value: object) -> bool:

@@ -156,7 +156,7 @@ class Resume:
         except TypeError:
             return
         # epoch 1 of a loader met in its epoch 0: a fast-forwarded epoch, empty in a for loop
-        # without even starting its workers (state/loader.py, _FastForward)
+        # without even starting its workers (state/loader_iter.py, FastForward)
         tracker.resume_at = {"epoch": 1, "batches": length, "length": length, "epoch_rng": None}
         tracker.relative = tracker.restore_pending = False
 

@@ -52,10 +52,12 @@ class Feeding:
         self.steps, self.fed, self.training, self._start, self.site = 0, 0, False, 0, None
         self._first, self._last_at, self._learning = None, -1, True
 
-    def resumed(self, at: int, saved: Any) -> None:
-        """A pass resumed at batch ``at``, in training; ``saved``: ``state()`` of the saver."""
+    def resumed(self, at: int, saved: Any, kept: int = 0) -> None:
+        """A pass resumed at batch ``at``, in training; ``saved``: ``state()`` of the saver;
+        ``kept``: of the ``at`` batches, those the wrapper holds again (its frame restored),
+        not trained yet."""
         self.new_pass()
-        self.fed, self.training, self._start = at, True, at
+        self.fed, self.training, self._start = at - kept, True, at - kept
         if isinstance(saved, dict):
             self.ahead = _count(saved.get("ahead"), least=0)
             self.per_step = _count(saved.get("per_step"), least=1)

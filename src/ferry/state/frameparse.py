@@ -11,6 +11,7 @@ from typing import Any
 from ferry.errors import CorruptCheckpointError
 from ferry.state.framestate import (
     BY,
+    GENERATOR,
     LOADER,
     MAX_DEPTH,
     MAX_FRAMES,
@@ -85,7 +86,13 @@ def _section(raw: object) -> Section | Legacy:
 
 
 def _frame(raw: object, path: str) -> Frame:
-    d = _dict(raw, path, {"file", "qualname", "line", "code", "names", "values", "loops"}, required=True)
+    required = {"file", "qualname", "line", "code", "names", "values", "loops"}
+    d = _dict(raw, path, {*required, "offset"})
+    if not required <= set(d):
+        raise FrameStateError(path, f"lacks {', '.join(sorted(required - set(d)))}")
+    offset = d.get("offset")
+    if offset is not None and (type(offset) is not int or not 0 <= offset <= MAX_POSITION):
+        raise FrameStateError(f"{path}.offset", f"is {got(offset)}, not an instruction offset")
     line = d["line"]
     if type(line) is not int or not 0 <= line <= MAX_POSITION:
         raise FrameStateError(f"{path}.line", f"is {got(line)}, not a line number")
@@ -106,6 +113,7 @@ def _frame(raw: object, path: str) -> Frame:
         tuple(names),
         values,
         tuple(_loop(x, f"{path}.loops[{i}]") for i, x in enumerate(loops)),
+        offset,
     )
 
 
@@ -166,9 +174,8 @@ def _loop(raw: object, path: str) -> Loop:
 
 def _loop_state(d: dict[str, Any], path: str, depth: int) -> LoopState:
     kind, at = d["kind"], d["at"]
-    if not isinstance(kind, str) or not (kind in POSITIONED or kind in WRAPPERS
-                                         or kind in (REVERSED, RANGE_LEFT, LOADER)
-                                         or _UNKNOWN_KIND.match(kind)):  # fmt: skip
+    known = kind in POSITIONED or kind in WRAPPERS or kind in (REVERSED, RANGE_LEFT, LOADER, GENERATOR)
+    if not isinstance(kind, str) or not (known or _UNKNOWN_KIND.match(kind)):
         raise FrameStateError(f"{path}.kind", f"is {got(kind)}, not an iterator ferry positions")
     if depth > MAX_DEPTH:
         raise FrameStateError(path, "nests iterators too deep")
@@ -176,6 +183,10 @@ def _loop_state(d: dict[str, Any], path: str, depth: int) -> LoopState:
         low = -1 if kind == REVERSED else 0
         if at is not None and (type(at) is not int or not low <= at <= MAX_POSITION):
             raise FrameStateError(f"{path}.at", f"is {got(at)}, not a position from {low}")
+        return LoopState(kind, at)
+    if kind == GENERATOR:
+        if type(at) is not int or not 0 <= at < MAX_FRAMES:
+            raise FrameStateError(f"{path}.at", f"is {got(at)}, not the index of one of the loop's frames")
         return LoopState(kind, at)
     if kind == "enumerate":
         e = _dict(at, f"{path}.at", {"count", "inner"}, required=True)

@@ -17,12 +17,17 @@ ferry, and is not restored)::
     {"version": 2, "by": "loader" | "optimizer" | "forward", "model": str | null,
      "python": "3.11", "sampler": {attribute: scalar},
      "frames": [{"file", "qualname", "line", "code": hex digest, "names": [str],
-                 "values": {name: entry}, "loops": [{"slot": int, "kind", "at"}]}]}
+                 "values": {name: entry}, "loops": [{"slot": int, "kind", "at"}],
+                 "offset"?: int}]}
     entry:  {"value": plain, "alias"?: int, "device"?: str}
           | {"set": [scalar], "alias"?: int}
           | {"object": {attribute: entry}}
           | {"fingerprint": {"kind": "torch" | "numpy", "dtype", "shape": [int], "xxh3": hex}}
     at:     null | int | {"count": int, "inner": {"kind", "at"}} | {"inner": [{"kind", "at"}]}
+
+A generator's frame (one that wraps the loader: it asked for the batch) has an ``offset``,
+the instruction it was running; a loop over such a generator has the kind ``generator``
+and, as ``at``, the index of that frame in ``frames``: its position is the frame's state.
 
 A plain value is None, a bool, an int (up to 4096 bits), a float, a str (up to 4096
 characters), a NumPy number, a torch tensor or NumPy array of numbers, or a list, tuple or
@@ -52,6 +57,9 @@ REVERSED = "list_reverseiterator"
 WRAPPERS = frozenset({"enumerate", "zip", "map"})
 LOADER = "loader"
 """A DataLoader's iterator: positioned by its tracker, nothing to set in the frame."""
+GENERATOR = "generator"
+"""A generator whose frame is one of the loop's frames (it wraps the loader): its position
+is that frame's state, put back with it; ``at`` is the frame's index."""
 MAX_FRAMES = 256
 MAX_STR = 4096
 MAX_INT_BITS = 4096
@@ -158,6 +166,8 @@ class Frame:
     """The names the code defines (locals; a module's globals)."""
     values: Mapping[str, Entry]
     loops: tuple[Loop, ...]
+    offset: int | None = None
+    """A generator's frame: the instruction it was running (its state is only valid there)."""
 
     def tree(self) -> dict[str, Any]:
         return {
@@ -168,6 +178,7 @@ class Frame:
             "names": list(self.names),
             "values": {k: e.tree() for k, e in self.values.items()},
             "loops": [lp.tree() for lp in self.loops],
+            **({} if self.offset is None else {"offset": self.offset}),
         }
 
 

@@ -6,21 +6,19 @@ interrupted epoch's iterator is rebuilt from the RNG state the epoch began with 
 shuffle permutation and worker seeds are the same) and the consumed batches are skipped
 at the sampler: their indices are drawn, their samples are never loaded (``epoch_replay``).
 
-Beside it: which live loader a saved position belongs to (``loader_identity``), the
-workers' RNG streams replayed mid-epoch (``worker_rng``), what a position depends on
-(``inputs``), and loaders that keep their own position (``stateful_loader``).
+Beside it: the iterators it hands out (``loader_iter``), which live loader a saved
+position belongs to (``loader_identity``), the workers' RNG streams replayed mid-epoch
+(``worker_rng``), what a position depends on (``inputs``), and loaders that keep their own
+position (``stateful_loader``).
 """
 
 from __future__ import annotations
 
-import dis
 import functools
 import itertools
 import logging
-import sys
 import weakref
 from collections.abc import Callable, Iterator
-from types import FrameType
 from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
@@ -30,6 +28,7 @@ from ferry.state.epoch_replay import apply_epoch_rng, build_skipping, capture_ep
 from ferry.state.feeding import Feeding
 from ferry.state.inputs import loader_inputs
 from ferry.state.loader_identity import Identity
+from ferry.state.loader_iter import FastForward, TrackedIter
 from ferry.state.rng import set_generator_state
 
 log = logging.getLogger("ferry")
@@ -83,6 +82,12 @@ class LoaderTracker:
         """How its batches feed optimizer steps (zero-code mode; state/feeding.py)."""
         self.held = 0
         """At a checkpoint: batches handed out but not yet trained (held ahead by a wrapper)."""
+        self.asked_by_generator = False
+        """The last batch was asked for by a generator of the user's code: one that wraps the
+        loader, whose frame (and the batches it holds ahead) the loop's state captures."""
+        self.kept = 0
+        """Resuming in place: batches the restored frames hold, handed out after the saved
+        position's trained ones (the loader continues after them)."""
         self.pool_rng: dict[str, Any] | None = None
         """A persistent worker pool's: the random state its creation drew its base seed from
         (in this process, or, until the pool is made here, in the checkpoint's)."""
@@ -95,6 +100,7 @@ class LoaderTracker:
         return {
             "epoch": self.epoch,
             "batches": self.batches - self.held,
+            "kept": self.held if self.asked_by_generator else 0,
             "feeding": self.feeding.state(),
             "length": _length(loader),
             "epoch_rng": self.epoch_rng,
@@ -123,15 +129,16 @@ class LoaderTracker:
         target = self.resume_at
         if target is not None and not self.relative and self.hooks.resume_in_place(self):
             self.relative = True  # the script's loop is put back too: continue the saved epoch now
+            self.kept = _kept(target)  # and the wrapping generator, with the batches it held
         if target is not None and self.relative:
             self.epoch = int(target["epoch"])
         if target is not None and self.epoch < int(target["epoch"]) and self.hooks.fast_forwarding(self):
-            return _FastForward(self, loader, make, target)
+            return FastForward(self, loader, make, target)
         if target is None or self.epoch != int(target["epoch"]):
             self.epoch_rng = capture_epoch_rng(loader)
             rewind = self._make_pool(loader, self.epoch_rng)
             return TrackedIter(self, self._build(loader, 0, make, rewind))
-        return self._resume_epoch(loader, make, target)
+        return self.resume_epoch(loader, make, target)
 
     def _make_pool(self, loader: DataLoader[Any], now: dict[str, Any]) -> Callable[[], None] | None:
         """Before an iter() that creates a persistent worker pool: the pool draws its base seed
@@ -165,12 +172,13 @@ class LoaderTracker:
             return make()
         return build_skipping(loader, skip, make, rewind, worker_rng.blanks(loader, skip))
 
-    def _resume_epoch(
+    def resume_epoch(
         self, loader: DataLoader[Any], make: Callable[[], Iterator[Any]], target: dict[str, Any]
     ) -> Iterator[Any]:
         self.resume_at = None
         self.relative = False
-        skip = len(loader) if target.get("complete") else int(target["batches"])
+        kept, self.kept = self.kept, 0
+        skip = len(loader) if target.get("complete") else int(target["batches"]) + kept
         stash = capture_epoch_rng(loader)
         self.epoch_rng = target["epoch_rng"]
         if self.epoch_rng is not None:
@@ -210,12 +218,21 @@ class LoaderTracker:
                 if starts is not None:
                     starts.rng_states = None  # workers of later epochs start as PyTorch seeds them
         self.batches = skip
-        self.feeding.resumed(skip, target.get("feeding"))
+        self.feeding.resumed(skip, target.get("feeding"), kept=kept)
         if self.restore_pending:
-            return TrackedIter(self, it, restore_point=True)
+            return TrackedIter(self, it, restore_point=True, kept=kept)
         apply_epoch_rng(loader, stash)  # explicit restore already set the save-time state
         self.restore_generators(target)
         return TrackedIter(self, it)
+
+
+def _kept(position: dict[str, Any]) -> int:
+    """The position's batches held by the frames it was taken in (a plausible count: it
+    comes from a checkpoint; never more than the loader has left)."""
+    kept, batches, length = position.get("kept"), position.get("batches"), position.get("length")
+    if type(kept) is not int or type(batches) is not int or not 0 <= kept < 1 << 20:
+        return 0
+    return kept if type(length) is not int or batches + kept <= length else 0
 
 
 def _rewinder(loader: DataLoader[Any], epoch_rng: dict[str, Any]) -> Callable[[], None]:
@@ -242,83 +259,6 @@ def shut_down_pools() -> None:
         shutdown = getattr(getattr(loader, "_iterator", None), "_shutdown_workers", None)
         if callable(shutdown):
             shutdown()
-
-
-def _in_for_loop(frame: FrameType | None) -> bool:
-    """Is ``frame`` (the code asking for a batch) a ``for`` statement, rather than a call
-    to ``next()``? Both idioms must fast-forward, in different ways."""
-    if frame is None:
-        return True
-    code = frame.f_code.co_code
-    return 0 <= frame.f_lasti < len(code) and dis.opname[code[frame.f_lasti]] == "FOR_ITER"
-
-
-class _FastForward:
-    """An epoch the checkpoint already covers, met before the restore point.
-
-    In an epoch loop (``for batch in loader``) it is empty: the epoch is skipped without
-    loading anything, and the script's loop reaches the saved epoch by itself. In a
-    step loop (``next(it)``, re-``iter()`` on StopIteration) an empty epoch would end the
-    loop, so it jumps straight to the saved position instead."""
-
-    def __init__(
-        self,
-        tracker: LoaderTracker,
-        loader: DataLoader[Any],
-        make: Callable[[], Iterator[Any]],
-        target: dict[str, Any],
-    ) -> None:
-        self.tracker, self.loader, self.make, self.target = tracker, loader, make, target
-        self._real: Iterator[Any] | None = None
-
-    def __iter__(self) -> _FastForward:
-        return self
-
-    def __next__(self) -> Any:
-        if self._real is None:
-            if _in_for_loop(sys._getframe(1)):
-                raise StopIteration
-            self.tracker.epoch = int(self.target["epoch"])
-            self._real = self.tracker._resume_epoch(self.loader, self.make, self.target)
-        return next(self._real)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-
-class TrackedIter:
-    """The iterator a tracked loader hands out: each request for a batch is a safe point."""
-
-    def __init__(self, tracker: LoaderTracker, real: Iterator[Any], restore_point: bool = False) -> None:
-        self.tracker = tracker
-        self.real = real
-        self._restore_point = restore_point
-
-    def __iter__(self) -> TrackedIter:
-        return self
-
-    def __len__(self) -> int:
-        return len(self.real)  # type: ignore[arg-type]
-
-    def __next__(self) -> Any:
-        hooks = self.tracker.hooks
-        if self.tracker.batches == 0 and self.tracker.feeding.site is None:
-            caller = sys._getframe(1)
-            self.tracker.feeding.site = (caller.f_code.co_filename, caller.f_lineno)
-        if self._restore_point:
-            self._restore_point = False
-            hooks.at_restore_point(self.tracker)
-        hooks.before_batch(self.tracker)
-        batch = next(self.real)
-        while worker_rng.is_blank(batch):  # only first, in an epoch resumed with workers
-            batch = next(self.real)
-        batch = worker_rng.unwrap(batch, self.tracker.worker_rng)
-        self.tracker.batches += 1
-        hooks.after_batch(self.tracker)
-        return batch
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.real, name)
 
 
 _TRACKED: weakref.WeakKeyDictionary[DataLoader[Any], LoaderTracker] = weakref.WeakKeyDictionary()

@@ -1,6 +1,8 @@
 """An unmodified script (it never imports ferry) with what zero-code mode cannot capture:
 a list of the script's own objects that the loop appends to, and a `for` loop over the
-script's own generator. (A list of floats, ``losses``, is captured.)"""
+script's own generator, one that does not wrap the loader (the loop asks the loader itself;
+a generator that wraps it runs at the safe point and is captured). (A list of floats,
+``losses``, is captured.)"""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 
-def batches(loader):  # type: ignore[no-untyped-def]
-    yield from loader
+def numbered(n: int):  # type: ignore[no-untyped-def]
+    yield from range(n)
 
 
 class Stat:
@@ -26,7 +28,9 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     stats = []
-    for xb, yb in batches(loader):
+    batches = iter(loader)
+    for _ in numbered(len(loader)):
+        xb, yb = next(batches)
         loss = nn.functional.mse_loss(model(xb), yb)
         opt.zero_grad()
         loss.backward()
