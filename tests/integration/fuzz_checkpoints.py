@@ -28,7 +28,6 @@ import math
 import os
 import random
 import resource
-import select
 import shutil
 import signal
 import struct
@@ -41,6 +40,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 import torch
+from fuzz_child import wait_child
+from fuzz_tables import DEVICES, DTYPES, FILES, HOSTILE, NBYTES, SHAPES
 from torch import nn
 
 import ferry
@@ -173,15 +174,6 @@ KINDS = {"none": 10, "flip_data": 400, "flip_manifest": 250, "truncate": 150, "a
          "special_file": 30, "symlink": 40}  # fmt: skip
 """Relative weights; every kind appears at least once per run."""
 
-HOSTILE: list[Any] = [None, True, False, -1, 0, 1, 2**63 - 1, 2**64, -(2**63) - 1, 10**30, 1e308, -1.5,
-                      "", "x", "../x", "/etc/passwd", "cuda:0", "float32", "<f8", "|O", [], [1, 2],
-                      {}, {"a": 1}, [[[[]]]], {"__reduce__": "os.system"}]  # fmt: skip
-DTYPES: list[Any] = [*TORCH_DTYPES, "<f8", "|b1", "<c16", ">i4", "|O", "<U4", "V8", "(2,)f8", "f8,i4",
-                     "<M8[s]", "float128", "torch.float32", "S100000000000", 5, None, ["<f8"]]  # fmt: skip
-FILES = ["../outside.bin", "/etc/passwd", "data-0.bin/", "", "x\x00", "rank-1.bin", "manifest.json",
-         "./data-0.bin", "sub/../data-0.bin", "a" * 5000]  # fmt: skip
-DEVICES: list[Any] = ["cpu", "cuda:0", "meta", "cuda:99999999", "xla:0", "", "cpu\nX", 7, "../../etc",
-                      "cuda:-1", "nonsense", "cpu:0:1", "a" * 100]  # fmt: skip
 TAGS: list[Any] = [
     {"__npscalar__": "|i1", "value": 1000}, {"__npscalar__": "<u8", "value": -1},
     {"__npscalar__": "<f2", "value": 1e300}, {"__npscalar__": "|O", "value": 1},
@@ -287,8 +279,8 @@ def mutate(kind: str, ck: str, root: str, outside: str, rng: random.Random) -> s
         if field == "dtype":
             e["dtype"] = rng.choice(DTYPES)
         elif field == "shape":
-            e["shape"] = rng.choice([[2**31, 2**31], [2**62], [-1], [0] * 100, [1] * 40, [], [3, 0, 2**40],
-                                     [2**63 - 1, 0], [e["nbytes"]], [1.5], ["3"], 5, None])  # fmt: skip
+            shape = rng.choice(SHAPES)
+            e["shape"] = [e["nbytes"]] if shape == NBYTES else shape
         elif field == "nbytes":
             e["nbytes"] = rng.choice([0, 2**63 - 1, -1, e["nbytes"] + 1, e["nbytes"] * 2])
         elif field == "offset":
@@ -512,28 +504,8 @@ def run_batch(items: list[tuple[int, str]], seed: int, base: str, scratch: str, 
             code = 3
         os._exit(code)
     os.close(w)
-    results: list[dict[str, Any]] = []
-    buf = b""
-    deadline = time.monotonic() + timeout
-    clean = False
-    with os.fdopen(r, "rb", buffering=0) as pipe:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                os.kill(pid, signal.SIGKILL)
-                break
-            ready, _, _ = select.select([pipe], [], [], left)
-            if not ready:
-                continue
-            chunk = pipe.read(1 << 16)
-            if not chunk:
-                break
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
-            results.extend(json.loads(line) for line in lines if line)
-    _, status = os.waitpid(pid, 0)
-    clean = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-    return results, clean
+    results, code = wait_child(pid, r, timeout)
+    return results, code == 0
 
 
 def main() -> None:

@@ -30,7 +30,6 @@ import json
 import os
 import random
 import runpy
-import select
 import shutil
 import signal
 import subprocess
@@ -44,6 +43,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import fuzz_frames_live as live
 import torch  # the zero-code hooks arm here
+from fuzz_child import wait_child
 from fuzz_frames_mutations import KINDS
 
 from ferry.autotrack import keeper as keeper_module
@@ -195,34 +195,13 @@ def _fork(script: str, env: dict[str, str], hook: Any = None) -> tuple[int, int]
     return pid, r
 
 
-def _wait(pid: int, r: int, timeout: float) -> tuple[list[dict[str, Any]], int]:
-    results, buf = [], b""
-    deadline = time.monotonic() + timeout
-    with os.fdopen(r, "rb", buffering=0) as pipe:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                os.kill(pid, signal.SIGKILL)
-                break
-            if not select.select([pipe], [], [], left)[0]:
-                continue
-            chunk = pipe.read(1 << 16)
-            if not chunk:
-                break
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
-            results.extend(json.loads(line) for line in lines if line)
-    _, status = os.waitpid(pid, 0)
-    return results, (os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status))
-
-
 def _env(work: str, tag: str, **extra: str) -> dict[str, str]:
     return {"FERRY_DIR": os.path.join(work, "ck"), "FERRY_JOB_ID": f"fuzz-{tag}", "ZC_STOP_AT": "", **extra}
 
 
 def _batch(items: list[tuple[int, str]], seed: int, script: str, work: str) -> list[dict[str, Any]]:
     pid, r = _fork(script, _env(work, f"r{items[0][0]}"), lambda out: _resumer(items, seed, out))
-    got, code = _wait(pid, r, timeout=60 + CALL_TIMEOUT * len(items))
+    got, code = wait_child(pid, r, timeout=60 + CALL_TIMEOUT * len(items))
     done = {g["i"] for g in got}
     missing = [item for item in items if item[0] not in done]
     if code == 0 and not missing:
@@ -324,7 +303,7 @@ def main() -> None:
         with open(script, "w") as f:
             f.write(text)
         pid, r = _fork(script, _env(work, name.replace(" ", "-")), lambda out, n=name: _variant(n, out))
-        got, _ = _wait(pid, r, timeout=120)
+        got, _ = wait_child(pid, r, timeout=120)
         results += got or [{"i": -1, "kind": f"edit: {name}", "what": name, "outcome": "crash", "detail": ""}]
     with open(script, "w") as f:
         f.write(original)
@@ -343,7 +322,7 @@ def main() -> None:
 def _stop(script: str, work: str) -> None:
     """The real checkpoint: ``script`` run in a forked child until it stops itself."""
     pid, r = _fork(script, _env(work, "stop", ZC_STOP_AT="8"))
-    _, code = _wait(pid, r, timeout=300)
+    _, code = wait_child(pid, r, timeout=300)
     if code != 85:
         raise SystemExit(f"the script did not stop with a checkpoint: exit {code}")
 

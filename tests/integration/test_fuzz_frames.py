@@ -39,7 +39,7 @@ SEED = int(os.environ.get("FERRY_FUZZ_SEED", "27"))
 def test_mutated_frame_state_resumes_warns_or_fails_cleanly(tmp_path: Path) -> None:
     lib = tmp_path / "lib" / "site-packages"  # the fuzzer's own frames are library frames
     lib.mkdir(parents=True)
-    for name in ("fuzz_frames.py", "fuzz_frames_live.py", "fuzz_frames_mutations.py"):
+    for name in ("fuzz_frames.py", "fuzz_frames_live.py", "fuzz_frames_mutations.py", "fuzz_child.py"):
         shutil.copy(HERE / name, lib / name)
     env = env_for(tmp_path / "home", FERRY_AUTOTRACK="1", PYTHONPATH=BOOT_DIR)
     proc = subprocess.run(

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from fuzz_tables import DEVICES, DTYPES, FILES, HOSTILE, NBYTES, SHAPES
 
 import ferry
 from ferry.engine.codec import TORCH_DTYPES
@@ -26,18 +27,6 @@ from ferry.errors import FerryError
 from ferry.format.manifest import Manifest, TensorRecord, _fitting_records, _plain_records, check_tensors
 from ferry.typedjson import SchemaError, check, parse
 
-# The fuzzer's tables (fuzz_checkpoints.py: HOSTILE, DTYPES, FILES, DEVICES, tensor_edit's choices).
-HOSTILE: list[Any] = [None, True, False, -1, 0, 1, 2**63 - 1, 2**64, -(2**63) - 1, 10**30, 1e308, -1.5,
-                      "", "x", "../x", "/etc/passwd", "cuda:0", "float32", "<f8", "|O", [], [1, 2],
-                      {}, {"a": 1}, [[[[]]]], {"__reduce__": "os.system"}]  # fmt: skip
-DTYPES: list[Any] = [*TORCH_DTYPES, "<f8", "|b1", "<c16", ">i4", "|O", "<U4", "V8", "(2,)f8", "f8,i4",
-                     "<M8[s]", "float128", "torch.float32", "S100000000000", 5, None, ["<f8"]]  # fmt: skip
-FILES = ["../outside.bin", "/etc/passwd", "data-0.bin/", "", "x\x00", "rank-1.bin", "manifest.json",
-         "./data-0.bin", "sub/../data-0.bin", "a" * 5000]  # fmt: skip
-DEVICES: list[Any] = ["cpu", "cuda:0", "meta", "cuda:99999999", "xla:0", "", "cpu\nX", 7, "../../etc",
-                      "cuda:-1", "nonsense", "cpu:0:1", "a" * 100]  # fmt: skip
-SHAPES: list[Any] = [[2**31, 2**31], [2**62], [-1], [0] * 100, [1] * 40, [], [3, 0, 2**40], [2**63 - 1, 0],
-                     "nbytes", [1.5], ["3"], 5, None]  # fmt: skip
 KINDS: list[Any] = ["numpy", "torch", "pickle", None]
 RECORD_KEYS = ["dtype", "shape", "nbytes", "offset", "kind", "device", "file"]
 
@@ -101,7 +90,7 @@ def _edits(doc: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
         for v in DTYPES:
             yield edited(f"tensor {i} dtype {v!r}", put(i, "dtype", v))
         for v in SHAPES:
-            yield edited(f"tensor {i} shape {v!r}", put(i, "shape", [e["nbytes"]] if v == "nbytes" else v))
+            yield edited(f"tensor {i} shape {v!r}", put(i, "shape", [e["nbytes"]] if v == NBYTES else v))
         for v in [0, 2**63 - 1, -1, e["nbytes"] + 1, e["nbytes"] * 2]:
             yield edited(f"tensor {i} nbytes {v}", put(i, "nbytes", v))
         for v in [2**63 - 1, -64, size, e["offset"] + 1, e["offset"] + 64, size - 64]:
