@@ -5,14 +5,12 @@ zero-code job of 3.12 crashed at its first safe point on ``int(None)`` before)."
 
 from __future__ import annotations
 
-import glob
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from otherpythons import other_pythons
 
 from ferry.autotrack import ranges
 from ferry.autotrack.frames import loop_state
@@ -64,23 +62,10 @@ def test_a_range_is_captured_by_what_it_has_left_and_never_moved_back() -> None:
         ranges.set_left(it, 71)
 
 
-def _other_pythons() -> list[str]:
-    here = f"{sys.version_info.major}.{sys.version_info.minor}"
-    found = {}
-    patterns = ["/usr/bin/python3.1[0-9]", "/usr/local/bin/python3.1[0-9]",
-                os.path.expanduser("~/.pyenv/versions/3.1[0-9]*/bin/python3")]  # fmt: skip
-    for path in sorted(p for pattern in patterns for p in glob.glob(pattern)):
-        version = subprocess.run([path, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                                 capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
-        if version and version != here:
-            found.setdefault(version, path)
-    return list(found.values())
-
-
 def test_the_same_holds_under_every_other_cpython_on_this_machine() -> None:
-    pythons = _other_pythons()
+    pythons = list(other_pythons().values())
     if not pythons:
-        pytest.skip("no other CPython (3.10 to 3.19) on this machine to check autotrack/ranges.py under")
+        pytest.skip("no other CPython 3.11-3.13 on this machine to check autotrack/ranges.py under")
     source = str(Path(ranges.__file__))
     for python in pythons:
         out = subprocess.run([python, "-c", CHECK, source], capture_output=True, text=True, check=False)

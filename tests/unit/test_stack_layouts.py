@@ -6,16 +6,14 @@ blocks, ``match``. Run here, and on every other CPython 3.11-3.13 found on this 
 
 from __future__ import annotations
 
-import glob
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import stack_cases
+from otherpythons import other_pythons
 
 from ferry.autotrack import stack
 
@@ -29,27 +27,7 @@ def test_each_shape_of_loop_finds_its_iterators_here() -> None:
     assert stack_cases.run_all() == stack_cases.expected(sys.version_info[:2])
 
 
-def _other_pythons() -> dict[str, str]:
-    """CPython 3.11-3.13 interpreters other than this one: on PATH, or under pyenv."""
-    found: dict[str, str] = {}
-    candidates = [shutil.which(f"python3.{m}") for m in (11, 12, 13)]
-    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
-    candidates += sorted(glob.glob(f"{root}/versions/3.1[123]*/bin/python"))
-    for exe in filter(None, candidates):
-        try:
-            out = subprocess.run(
-                [exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                capture_output=True, text=True, timeout=30, check=True,
-            )  # fmt: skip
-        except (OSError, subprocess.SubprocessError):
-            continue  # a pyenv shim without that version
-        version = out.stdout.strip()
-        if version != "{}.{}".format(*sys.version_info[:2]):
-            found.setdefault(version, exe)
-    return found
-
-
-OTHERS = _other_pythons()
+OTHERS = other_pythons()
 
 
 @pytest.mark.skipif(not OTHERS, reason="no other CPython 3.11-3.13 on this machine")
