@@ -348,10 +348,16 @@ def _arrays(value: Any, depth: int = 0) -> list[torch.Tensor | np.ndarray]:
     if depth > MAX_DEPTH:
         return []
     if isinstance(value, dict):
-        return [a for x in list(value.values())[:MAX_ITEMS] for a in _arrays(x, depth + 1)]
-    if isinstance(value, (list, tuple)):
-        return [a for x in list(value)[:MAX_ITEMS] for a in _arrays(x, depth + 1)]
-    return []
+        items = list(value.values())[:MAX_ITEMS]
+    elif isinstance(value, (list, tuple)):
+        items = list(value)[:MAX_ITEMS]
+    else:
+        return []
+    # a list of numbers (a loss history) holds no arrays: its items are not looked into one by one
+    return [a for x in items if type(x) not in _NO_ARRAYS for a in _arrays(x, depth + 1)]
+
+
+_NO_ARRAYS = frozenset({int, float, bool, str, bytes, type(None)})
 
 
 def _storage(t: torch.Tensor) -> int:

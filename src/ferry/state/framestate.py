@@ -251,7 +251,12 @@ def _plain(v: object, depth: int, budget: list[int]) -> None:
         raise FrameStateError("", f"nests containers more than {MAX_DEPTH} deep")
     if t is list or t is tuple:
         for x in v:  # type: ignore[attr-defined]
-            _plain(x, depth + 1, budget)
+            if type(x) is float or x is None or type(x) is bool:  # a loss history: no call each
+                budget[0] -= 1
+            else:
+                _plain(x, depth + 1, budget)
+        if budget[0] < 0:
+            raise FrameStateError("", f"holds more than {MAX_ITEMS} items")
         return
     if t is dict:
         for k, x in v.items():  # type: ignore[attr-defined]

@@ -38,7 +38,13 @@ def is_user_file(path: str) -> bool:
     torch_file = getattr(torch, "__file__", None)
     if torch_file is None:  # torch's own frames cannot run before it is imported: not cached
         return _Rules.now().decide(os.path.realpath(path), None)
-    return _decide(path, os.path.dirname(os.path.realpath(torch_file)))
+    return _decide(path, _folder_of(torch_file))
+
+
+@cache
+def _folder_of(file: str) -> str:
+    """The real folder of ``file`` (a module's ``__file__``: looked up once, it does not move)."""
+    return os.path.dirname(os.path.realpath(file))
 
 
 @cache
