@@ -232,7 +232,7 @@ def _full_runs(work: str, script: str, base: str) -> list[Full]:
             f[0]["values"].__setitem__("os", {"object": {"path": {"value": os.environ["FUZZ_CANARY_DIR"]}}}),
             f[1]["values"].__setitem__("model", {"value": 3}),
             f[2]["loops"][0].__setitem__("at", 10**6)),
-            ("`os`: holds a module now", "`model`: holds a torch", "position 1000000 is outside")),
+            ("`os`: holds a module now", "`model`: holds a torch", "next value 1000000 is not ahead")),
         "position abc": (lambda f: f[2]["loops"][0].__setitem__("at", "abc"),
                          ("frames.frames[2].loops[0].at",)),
     }  # fmt: skip

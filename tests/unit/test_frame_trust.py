@@ -133,7 +133,7 @@ REFUSED_BY_THE_PARSER = [
     # (mutation, the field the error names)
     (_set("loops/0/at", "abc"), "loops[0].at"),
     (_set("loops/0/at", 2**80), "loops[0].at"),
-    (_set("loops/0/at", -5), "loops[0].at"),
+    (_both(_set("loops/0/kind", "list_iterator"), _set("loops/0/at", -5)), "loops[0].at"),
     (_set("loops/0/slot", "0"), "loops[0].slot"),
     (_set("loops/1/at/count", "abc"), "loops[1].at.count"),
     (_set("loops/1/at/count", -7), "loops[1].at.count"),
@@ -188,7 +188,8 @@ REFUSED_BY_THE_LIVE_FRAME = [
         "`box`: holds a test_frame_trust.Box now, not a plain value",
         {"box": {"count": 0, "name": "box"}},
     ),
-    (_set("loops/0/at", 10**6), "loops[0] (range): 1000000 items left is more than the 2 it has now", {}),
+    (_set("loops/0/at", 10**6), "loops[0] (range): its next value 1000000 is not ahead in the range", {}),
+    (_set("loops/0/at", -5), "loops[0] (range): its next value -5 is not ahead in the range", {}),
     (_set("loops/1/at/inner/at", 10**6), "loops[1] (enumerate): position 1000000 is outside the 3 items", {}),
     (
         _set("loops/0/kind", "list_iterator"),

@@ -40,7 +40,7 @@ from ferry.state.framestate import (
     LOADER,
     MAX_POSITION,
     POSITIONED,
-    RANGE_LEFT,
+    RANGE,
     REVERSED,
     Entry,
     Enumerated,
@@ -170,8 +170,8 @@ def loop_state(it: Any, chain: dict[int, int] | None = None) -> LoopState:
     if frame is not None and chain is not None and id(frame) in chain:
         return LoopState(GENERATOR, chain[id(frame)])
     if kind in ranges.KINDS:
-        left = ranges.left(it)
-        return LoopState(RANGE_LEFT, left) if left <= MAX_POSITION else LoopState("?" + kind, None)
+        value = ranges.next_value(it)
+        return LoopState(RANGE, value) if abs(value) <= MAX_POSITION else LoopState("?" + kind, None)
     if kind in POSITIONED or kind == REVERSED:
         reduced = it.__reduce__()
         at = int(reduced[2]) if len(reduced) > 2 else None

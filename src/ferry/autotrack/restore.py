@@ -38,7 +38,7 @@ from ferry.state.framestate import (
     GENERATOR,
     LOADER,
     POSITIONED,
-    RANGE_LEFT,
+    RANGE,
     REVERSED,
     Entry,
     Enumerated,
@@ -284,7 +284,7 @@ def _check(it: Any, state: LoopState, chain: _Chain) -> str | None:
             if kind in ("TrackedIter", "FastForward")
             else f"the loop iterates a {kind} now, not a DataLoader"
         )
-    if state.kind == RANGE_LEFT:
+    if state.kind == RANGE:
         return _check_range(it, state.at)
     if state.kind == GENERATOR and isinstance(state.at, int):
         return chain.generator(it, state.at)  # its frame holds its position: written there
@@ -317,16 +317,16 @@ def _check_range(it: Any, at: object) -> str | None:
     kind = type(it).__name__
     if kind not in ranges.KINDS:
         return f"the loop iterates a {kind} now, not a range"
-    left = ranges.left(it)
-    if not isinstance(at, int) or not 0 <= at <= left:
-        return f"{at} items left is more than the {left} it has now, not written"
-    return None
+    if not isinstance(at, int):
+        return "a range has no such position"
+    why = ranges.why_not(it, at)
+    return None if why is None else f"{why}, not written"
 
 
 def _apply(it: Any, state: LoopState) -> str | None:
     kind, at = type(it).__name__, state.at
-    if state.kind == RANGE_LEFT and isinstance(at, int):
-        ranges.set_left(it, at)
+    if state.kind == RANGE and isinstance(at, int):
+        ranges.skip_to(it, at)
     elif (kind in POSITIONED or kind == REVERSED) and isinstance(at, int):
         it.__setstate__(at)
     elif kind == "enumerate" and isinstance(at, Enumerated):

@@ -22,7 +22,7 @@ from ferry.state.framestate import (
     MAX_STR,
     POSITIONED,
     PRIMITIVES,
-    RANGE_LEFT,
+    RANGE,
     REVERSED,
     VERSION,
     WRAPPERS,
@@ -174,13 +174,13 @@ def _loop(raw: object, path: str) -> Loop:
 
 def _loop_state(d: dict[str, Any], path: str, depth: int) -> LoopState:
     kind, at = d["kind"], d["at"]
-    known = kind in POSITIONED or kind in WRAPPERS or kind in (REVERSED, RANGE_LEFT, LOADER, GENERATOR)
+    known = kind in POSITIONED or kind in WRAPPERS or kind in (REVERSED, RANGE, LOADER, GENERATOR)
     if not isinstance(kind, str) or not (known or _UNKNOWN_KIND.match(kind)):
         raise FrameStateError(f"{path}.kind", f"is {got(kind)}, not an iterator ferry positions")
     if depth > MAX_DEPTH:
         raise FrameStateError(path, "nests iterators too deep")
-    if kind in POSITIONED or kind in (REVERSED, RANGE_LEFT):
-        low = -1 if kind == REVERSED else 0
+    if kind in POSITIONED or kind in (REVERSED, RANGE):
+        low = -1 if kind == REVERSED else -MAX_POSITION if kind == RANGE else 0
         if at is not None and (type(at) is not int or not low <= at <= MAX_POSITION):
             raise FrameStateError(f"{path}.at", f"is {got(at)}, not a position from {low}")
         return LoopState(kind, at)

@@ -48,10 +48,10 @@ VERSION = 2
 BY = ("loader", "optimizer", "forward")
 POSITIONED = frozenset({"range_iterator", "longrange_iterator", "list_iterator", "tuple_iterator"})
 """Iterators whose position is an index from 0 to the length of what they iterate (ranges
-were saved so before ferry counted them by what they have left: ``RANGE_LEFT``)."""
-RANGE_LEFT = "range"
-"""A range's iterator, positioned by the items it has left (autotrack/ranges.py: CPython 3.12
-and later do not tell a range iterator's index)."""
+were saved so before ferry kept them by their next value: ``RANGE``)."""
+RANGE = "range"
+"""A range's iterator, positioned by the next value it gives (autotrack/ranges.py: CPython
+3.12 and later do not tell a range iterator's index)."""
 REVERSED = "list_reverseiterator"
 """Its position is the next index from the end: from the length - 1 down to -1."""
 WRAPPERS = frozenset({"enumerate", "zip", "map"})
