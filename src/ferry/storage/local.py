@@ -29,8 +29,9 @@ def storage_error(exc: OSError, what: str) -> StorageError:
 def fsync_dir(path: str) -> None:
     """Make a folder's entries durable (the names of the files in it, not only their bytes).
 
-    The one place ferry does this: after a rename, and before a commit for each folder that
-    a checkpoint's files were written to."""
+    The one place the checkpoint engine does this: after a rename, and before a commit for
+    each folder that a checkpoint's files were written to. The job's own JSON files do it in
+    ``runtime/atomicjson.py``, which does not import storage (fsspec) to stay fast."""
     try:
         fd = os.open(path, os.O_RDONLY)
         try:
