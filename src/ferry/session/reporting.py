@@ -10,13 +10,11 @@ from typing import Any
 
 from ferry.config import Config
 from ferry.engine import CheckpointInfo
-from ferry.engine.transfer import Transfer
 from ferry.runtime.control import ControlInbox, Request
 from ferry.runtime.jobdir import JobDir
 from ferry.runtime.launch import under_ferry_agent
-from ferry.schedulers import SchedulerAdapter
 from ferry.session.policy import stop_exit_code
-from ferry.session.savereport import Progress, SaveReport
+from ferry.session.savereport import SaveReport
 
 log = logging.getLogger("ferry")
 
@@ -24,17 +22,9 @@ log = logging.getLogger("ferry")
 class Reporter:
     """What the session tells the world; what a save tells is ``saves``'s."""
 
-    def __init__(
-        self,
-        config: Config,
-        job: JobDir,
-        inbox: ControlInbox,
-        scheduler: SchedulerAdapter,
-        transfer: Transfer | None,
-        progress: Progress,
-    ) -> None:
+    def __init__(self, config: Config, job: JobDir, inbox: ControlInbox, saves: SaveReport) -> None:
         self.config, self.job, self.inbox = config, job, inbox
-        self.saves = SaveReport(config, job, inbox, scheduler, transfer, progress)
+        self.saves = saves
         self._replaced: set[tuple[str, str]] = set()
 
     def handler_replaced(self, signum: int, handler: Any) -> None:

@@ -31,7 +31,7 @@ from ferry.session import checkpointer as checkpointer_module
 from ferry.session import resume, warm
 from ferry.session.checkpointer import Checkpointer
 from ferry.session.reporting import Reporter
-from ferry.session.savereport import Progress
+from ferry.session.savereport import Progress, SaveReport
 from ferry.session.savewatch import SaveWatch
 
 log = logging.getLogger("ferry")
@@ -123,7 +123,8 @@ def open_parts(config: Config | None, signals: SignalRequests | None) -> Parts:
         if config.resume:
             transfer.fetch_if_missing()
     # its scheduler's grace period is checked after each commit
-    relay.report = report = Reporter(config, job, inbox, detect_scheduler(), transfer, relay)
+    saves = SaveReport(config, job, inbox, detect_scheduler(), transfer, relay)
+    relay.report = report = Reporter(config, job, inbox, saves)
     found = _find(config, checkpointer, job, job_id)
     job.update_status("running", step=0, pid=os.getpid())
     # last: a session that failed to start leaves no thread behind
