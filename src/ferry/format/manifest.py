@@ -213,10 +213,6 @@ def _plain_records(value: object) -> list[TensorRecord] | None:
     return value  # type: ignore[return-value]
 
 
-_NUMPY_ITEMSIZES: dict[str, int] = {}
-"""safe_np_dtype(name).itemsize by name, for the dtypes it accepted."""
-
-
 def _file_sizes(files: object) -> dict[object, int] | None:
     """Each file's size, when ``files`` is a plain dict of plain sizes; None otherwise."""
     if type(files) is not dict:
@@ -239,30 +235,25 @@ def _fitting_records(value: object, files: object) -> list[TensorRecord] | None:
     sizes = _file_sizes(files)
     if type(value) is not list or sizes is None:
         return None
-    devices: set[str] = set()
-    torch_sizes = TORCH_ITEMSIZES
+    # A state has few kinds of records: (kind, dtype, device, file) is checked once. Only a
+    # str equals a str in JSON, so a key equal to one found good is made of strs too.
+    seen: dict[tuple[object, ...], tuple[int, int]] = {}
     for e in value:
         if type(e) is not dict or len(e) != _RECORD_KEYS:
             return None
         try:
-            dtype, shape, nbytes, kind = e["dtype"], e["shape"], e["nbytes"], e["kind"]
-            device, file, offset = e["device"], e["file"], e["offset"]
-        except KeyError:
+            key = (e["kind"], e["dtype"], e["device"], e["file"])
+            shape, nbytes, offset = e["shape"], e["nbytes"], e["offset"]
+            known = seen.get(key)  # (a list or dict in it is unhashable: TypeError)
+        except (KeyError, TypeError):
             return None
+        if known is None:
+            if (known := _record_kind(key, sizes)) is None:
+                return None
+            seen[key] = known
         if type(nbytes) is not int or type(offset) is not int or type(shape) is not list:
             return None
-        if kind == "torch" and type(kind) is str:
-            itemsize = torch_sizes.get(dtype) if type(dtype) is str else None
-        elif kind == "numpy" and type(kind) is str and type(dtype) is str:
-            itemsize = _NUMPY_ITEMSIZES.get(dtype)
-            if itemsize is None:
-                try:
-                    itemsize = _NUMPY_ITEMSIZES[dtype] = safe_np_dtype(dtype).itemsize
-                except UnsafeCheckpointError:
-                    return None
-        else:
-            return None
-        if itemsize is None or len(shape) > MAX_DIMS:
+        if len(shape) > MAX_DIMS:
             return None
         count, empty = 1, False
         for dim in shape:
@@ -272,10 +263,9 @@ def _fitting_records(value: object, files: object) -> list[TensorRecord] | None:
                 count *= dim
             else:
                 empty = True
-        size = sizes.get(file) if type(file) is str else None
+        itemsize, size = known
         if (
-            size is None
-            or count >= 2**62
+            count >= 2**62
             or nbytes != (0 if empty else count * itemsize)
             or nbytes > INT_MAX
             or offset < 0
@@ -283,13 +273,27 @@ def _fitting_records(value: object, files: object) -> list[TensorRecord] | None:
             or offset + nbytes > size
         ):
             return None
-        if type(device) is not str:
-            return None
-        if device not in devices:
-            if not device_ok(device):
-                return None
-            devices.add(device)
     return value  # type: ignore[return-value]
+
+
+def _record_kind(key: tuple[object, ...], sizes: dict[object, int]) -> tuple[int, int] | None:
+    """(item size, file size) for a record's (kind, dtype, device, file) when all four are
+    good: a known dtype of its kind, a device ferry can name, a file of the manifest."""
+    kind, dtype, device, file = key
+    if type(kind) is not str or type(dtype) is not str or type(file) is not str:
+        return None
+    itemsize: int | None = None
+    if kind == "torch":
+        itemsize = TORCH_ITEMSIZES.get(dtype)
+    elif kind == "numpy":
+        try:
+            itemsize = safe_np_dtype(dtype).itemsize
+        except UnsafeCheckpointError:
+            return None
+    size = sizes.get(file)
+    if itemsize is None or size is None or not device_ok(device):
+        return None
+    return itemsize, size
 
 
 def parse_part(raw: object, files: Mapping[str, FileEntry], where: str) -> Part:
