@@ -5,7 +5,8 @@
 #
 # engine.py --many-only (many small tensors), stall.py (a zero-code save's blocked time
 # against a memcpy), overhead.py (step time under ferry run against plain python), peers.py
-# (ferry beside torch.save, DCP and a memcpy; 512 MiB, then 4 GiB when CPU_FIGURES_BIG=1).
+# (ferry beside torch.save, DCP and a memcpy; 512 MiB, then 4 GiB when CPU_FIGURES_BIG=1),
+# loop_peers.py (what a background save blocks a training loop: ferry's against dcp.async_save's).
 # Each writes OUT/NAME.txt (what it printed: its report comes last). Settings:
 # CPU_FIGURES_ROUNDS (5), CPU_FIGURES_OVERHEAD_ROUNDS (the same), CPU_FIGURES_PART_SECONDS
 # (150: each part's limit, twice that for overhead.py and the 4 GiB peers). Meant
@@ -35,6 +36,7 @@ part engine_many "$LIMIT" benchmarks/engine.py --many-only --rounds "$ROUNDS"
 part stall "$LIMIT" benchmarks/stall.py --rounds "$ROUNDS"
 part overhead "$((LIMIT * 2))" benchmarks/overhead.py --rounds "${CPU_FIGURES_OVERHEAD_ROUNDS:-$ROUNDS}"
 part peers_512 "$LIMIT" benchmarks/peers.py --sizes 512 --rounds "$ROUNDS"
+part loop_peers "$LIMIT" benchmarks/loop_peers.py --mib 512 --rounds "$ROUNDS"
 if [ "${CPU_FIGURES_BIG:-0}" = 1 ]; then
     part peers_4096 "$((LIMIT * 2))" benchmarks/peers.py --sizes 4096 --rounds 3
 fi

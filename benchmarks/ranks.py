@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 WORKER = r'''
-import dataclasses, json, os, sys, time
+import json, os, sys, time
 import torch, torch.distributed as dist
 import ferry
 from ferry.session.api import current
@@ -75,13 +75,13 @@ def longest(values):
 def saving(kind):
     """The time the saving step blocks training, the longest over the ranks: its safe point,
     and the next optimizer step's wait for the copies the overlap left running."""
-    session.config = dataclasses.replace(session.config, every_steps=None)
+    session.config.every_steps = None  # the object the session's parts share
     while (session.global_step + 1) % 10:
         train_step(SAVE_STEP)
         ferry.step()
     settle()
     overlap.on = kind == "overlap"
-    session.config = dataclasses.replace(session.config, every_steps=10, async_save=kind != "sync")
+    session.config.every_steps, session.config.async_save = 10, kind != "sync"
     train_step(SAVE_STEP)
     t0 = time.perf_counter()
     ferry.step()  # the 10th: a checkpoint is due
@@ -141,7 +141,7 @@ if mode == "measure":
         for kind in saves[r % 3 :] + saves[: r % 3]:
             results[kind].append(saving(kind))
         overlap.on = False
-        session.config = dataclasses.replace(session.config, every_steps=None)
+        session.config.every_steps = None  # the object the session's parts share
         for dt, steps, chunks in ((0.005, 60, 8), (0.020, 20, 6), (0.100, 5, 3)):
             chunk("ferry", dt, 20)  # warm-up: ferry measures the pace of agreeing again
             totals = dict.fromkeys(kinds, 0.0)
@@ -155,7 +155,7 @@ if mode == "measure":
         with open(out, "w") as f:
             json.dump(results, f)
 else:  # stop: train until a stop signal; say when warm
-    session.config = dataclasses.replace(session.config, every_steps=10)
+    session.config.every_steps = 10
     try:
         while True:
             train_step(0.02)
