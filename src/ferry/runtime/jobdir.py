@@ -107,9 +107,10 @@ def private_dir(path: str, what: str, *, tighten: bool = False) -> None:
 def read_json(path: str, limit: int = MAX_DOC_BYTES, owner: int | None = None) -> Any:
     """The decoded JSON of the regular file ``path``, for its caller to parse. A symlink
     (OSError), a FIFO or device (which could hang the reader), a file over ``limit`` bytes,
-    one not owned by uid ``owner`` (when given) and bytes that are not JSON (ValueError) are
-    refused; FileNotFoundError and PermissionError come through as they are. The checks are
-    made on the opened file, so a file swapped in after a caller's ``lstat`` is caught too."""
+    one not owned by uid ``owner`` (when given) and bytes that are not JSON or nest too deep
+    (ValueError) are refused; FileNotFoundError and PermissionError come through as they are.
+    The checks are made on the opened file, so a file swapped in after a caller's ``lstat`` is
+    caught too."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
@@ -125,7 +126,10 @@ def read_json(path: str, limit: int = MAX_DOC_BYTES, owner: int | None = None) -
         os.close(fd)
     if len(data) > limit:
         raise ValueError(f"{path} holds more than the {limit} bytes ferry reads")
-    return json.loads(data)
+    try:
+        return json.loads(data)
+    except RecursionError:  # "[[[[..." past Python's recursion limit: not ferry's
+        raise ValueError(f"{path} nests deeper than any file ferry writes") from None
 
 
 _reported: set[str] = set()

@@ -1,0 +1,134 @@
+"""Files ferry reads and locks in folders the job or another process could write: a symlink
+planted there is never followed, a FIFO never hangs the reader, an oversized, deeply nested
+or ill-typed document is refused with a one-line reason, and nothing of it crashes the
+supervisor. Real files in a temporary folder; no mocks."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from ferry.runtime.jobdir import JobDir
+from ferry.schedulers.slurm import SlurmAdapter, claim_name
+from ferry.supervisor import warm
+
+# ---------------------------------------------------------------------- SLURM requeue
+
+
+def slurm(tmp_path: Path, restart: int = 0) -> tuple[SlurmAdapter, Path, Path]:
+    """A SLURM adapter whose ``scontrol`` appends its arguments to a file; its job folder."""
+    bin_dir, job = tmp_path / "bin", tmp_path / "job"
+    bin_dir.mkdir()
+    job.mkdir(mode=0o700)
+    calls = tmp_path / "scontrol.calls"
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    scontrol.chmod(0o755)
+    env = {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": str(restart), "PATH": str(bin_dir)}
+    return SlurmAdapter(env=env), job, calls
+
+
+def test_a_symlink_at_the_requeue_lock_is_not_followed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    adapter, job, calls = slurm(tmp_path)
+    victim = tmp_path / "elsewhere" / "victim"
+    victim.parent.mkdir()
+    (job / "slurm-requeue.lock").symlink_to(victim)
+    with caplog.at_level(logging.INFO, logger="ferry.run"):
+        assert adapter.after_checkpoint(step=5, code=85, state_dir=str(job)) == 85
+    assert not victim.exists()  # the link was not followed: nothing created through it
+    assert not calls.exists() and not (job / claim_name("7", 0)).exists()
+    [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert "slurm-requeue.lock is a symbolic link, which ferry does not follow; remove it" in line
+    assert "\n" not in line and "(step 5)" in line
+    os.unlink(job / "slurm-requeue.lock")  # the fix the error names works
+    assert adapter.after_checkpoint(step=5, code=85, state_dir=str(job)) == 85
+    assert calls.read_text() == "requeue 7\n"
+
+
+def test_a_claim_that_is_a_link_a_fifo_garbled_or_oversized_counts_as_none(tmp_path: Path) -> None:
+    adapter, job, calls = slurm(tmp_path, restart=1)
+    # This run's claim, a symlink to a claim that would say "already requeued" if followed.
+    target = tmp_path / "planted.json"
+    target.write_text(json.dumps({"job": "7", "cluster": None, "restart": 1, "step": 4, "time": time.time()}))
+    (job / claim_name("7", 1)).symlink_to(target)
+    # The restart before's claim, a FIFO: opening it for reading without a writer blocks.
+    os.mkfifo(job / claim_name("7", 0))
+    assert adapter.after_checkpoint(step=5, code=85, state_dir=str(job)) == 85
+    assert calls.read_text() == "requeue 7\n"
+    assert target.read_text().startswith('{"job": "7"')  # untouched: the new claim replaced the link
+    claim = job / claim_name("7", 1)
+    assert not claim.is_symlink() and json.loads(claim.read_text())["step"] == 5
+    # Ill-typed, oversized and deeply nested previous claims are no claim either (no "no progress").
+    for bad in ('{"job": "7", "cluster": null, "restart": 0, "step": "5", "time": 1}',
+                " " * 5000 + "{}", "[" * 100_000):  # fmt: skip
+        os.unlink(claim)
+        (job / claim_name("7", 0)).unlink()
+        (job / claim_name("7", 0)).write_text(bad)
+        assert adapter.after_checkpoint(step=5, code=85, state_dir=str(job)) == 85
+    assert calls.read_text() == "requeue 7\n" * 4
+
+
+# ---------------------------------------------------------------------- warm requests
+
+
+def request(**fields: object) -> bytes:
+    doc = {"id": "x", "created": 1.0, "uid": os.getuid(), "env": {"CUDA_VISIBLE_DEVICES": "1"}, "expires": 60}
+    return json.dumps({**doc, **fields}).encode()
+
+
+CRAFTED = {
+    "wrong-type-env": request(env={"A": 1}),
+    "wrong-type-expiry": request(expires="60"),
+    "env-a-list": request(env=[["A", "1"]]),
+    "huge-expiry": request(expires=1e299),
+    "huge-uid": b'{"id": "x", "created": 1, "uid": 99999999999999999999999, "env": {}, "expires": 5}',
+    "nul-in-env": request(env={"A": "x\u0000y"}),
+    "equals-in-name": request(env={"A=B": "1"}),
+    "empty-name": request(env={"": "1"}),
+    "deep": b"[" * 60_000,
+    "deep-env": b'{"env": ' + b'{"a": ' * 5_000 + b"1" + b"}" * 5_001,
+    "huge": b"{}",  # made 10 MB (sparse) below
+}
+
+
+def test_crafted_warm_requests_are_refused_logged_and_removed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    job = JobDir.create("j", str(tmp_path / "j"))
+    control = Path(job.control)
+    for name, raw in CRAFTED.items():
+        (control / f"warm-{name}.json").write_bytes(raw)
+    os.truncate(control / "warm-huge.json", 10 << 20)
+    (tmp_path / "good.json").write_bytes(request())
+    (control / "warm-link.json").symlink_to(tmp_path / "good.json")  # a good request, through a link
+    os.mkfifo(control / "warm-fifo.json")  # no writer: a blocking read would hang the supervisor
+    (control / "warm-folder.json").mkdir()
+    (control / "warm-extra.json").write_bytes(request(command=["rm", "-rf", "/"], env={"B": "2"}))
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="ferry.run"):
+        taken = warm.take_requests(job)
+    seconds = time.monotonic() - t0
+    refused = {r[0]: r[1] for r in taken if isinstance(r, tuple)}
+    assert set(refused) == {*CRAFTED, "link", "fifo", "folder"}, refused
+    assert all(why.startswith("warm start refused: ") and "\n" not in why for why in refused.values())
+    assert "not a regular file" in refused["fifo"] and "10485760 bytes" in refused["huge"]
+    assert (
+        "nests deeper" in refused["deep"] and "which no process environment can hold" in refused["nul-in-env"]
+    )
+    logged = [r.getMessage() for r in caplog.records]
+    assert all(any(f"warm request {rid} refused: " in m for m in logged) for rid in refused)
+    # An undeclared key is dropped, never obeyed: the request is the schema's fields only.
+    assert [r for r in taken if isinstance(r, warm.WarmRequest)] == [
+        warm.WarmRequest("extra", {"B": "2"}, 60.0)
+    ]
+    assert seconds < 5  # nothing was read whole: no hang, no 10 MB read
+    # Each is answered once: all are gone (the folder set aside), none comes back at the next wake-up.
+    assert warm.take_requests(job) == [] and not list(control.glob("warm-*"))
+    assert (tmp_path / "good.json").exists()
