@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from ferry.cli.events import EventFollower
+from ferry.errors import JobError
+from ferry.process.pids import start_time
+from ferry.process.record import SuspendRecord, load_record, save_record
+from ferry.runtime.control import ControlInbox
 from ferry.runtime.jobdir import JobDir
+from ferry.runtime.rootlock import RootLock, nodes
 from ferry.schedulers.slurm import SlurmAdapter, claim_name
 from ferry.supervisor import warm
 
@@ -111,24 +117,101 @@ def test_crafted_warm_requests_are_refused_logged_and_removed(
     os.mkfifo(control / "warm-fifo.json")  # no writer: a blocking read would hang the supervisor
     (control / "warm-folder.json").mkdir()
     (control / "warm-extra.json").write_bytes(request(command=["rm", "-rf", "/"], env={"B": "2"}))
-    t0 = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="ferry.run"):
-        taken = warm.take_requests(job)
-    seconds = time.monotonic() - t0
+        taken = warm.take_requests(job)  # the FIFO is not opened: no hang
     refused = {r[0]: r[1] for r in taken if isinstance(r, tuple)}
     assert set(refused) == {*CRAFTED, "link", "fifo", "folder"}, refused
     assert all(why.startswith("warm start refused: ") and "\n" not in why for why in refused.values())
     assert "not a regular file" in refused["fifo"] and "10485760 bytes" in refused["huge"]
-    assert (
-        "nests deeper" in refused["deep"] and "which no process environment can hold" in refused["nul-in-env"]
-    )
+    assert "nested deeper" in refused["deep"] and "nested deeper" in refused["deep-env"]
+    assert "which no process environment can hold" in refused["nul-in-env"]
     logged = [r.getMessage() for r in caplog.records]
     assert all(any(f"warm request {rid} refused: " in m for m in logged) for rid in refused)
     # An undeclared key is dropped, never obeyed: the request is the schema's fields only.
-    assert [r for r in taken if isinstance(r, warm.WarmRequest)] == [
-        warm.WarmRequest("extra", {"B": "2"}, 60.0)
-    ]
-    assert seconds < 5  # nothing was read whole: no hang, no 10 MB read
+    good = [r for r in taken if isinstance(r, warm.WarmRequest)]
+    assert good == [warm.WarmRequest("extra", {"B": "2"}, 60.0)]
     # Each is answered once: all are gone (the folder set aside), none comes back at the next wake-up.
     assert warm.take_requests(job) == [] and not list(control.glob("warm-*"))
     assert (tmp_path / "good.json").exists()
+
+
+# ---------------------------------------------------------------------- the audit's other readers
+
+DEEP = b"[" * 50_000  # under every size limit, past Python's recursion limit
+
+
+def test_job_files_nested_too_deep_are_refused_not_raised(tmp_path: Path) -> None:
+    job = JobDir.create("j", str(tmp_path / "j"))
+    for name in ("job.json", "status.json"):
+        Path(job.file(name)).write_bytes(DEEP)
+    good = json.dumps({"time": 1.0, "event": "run_start", "supervisor_pid": 7}).encode()
+    Path(job.file("events.jsonl")).write_bytes(b"[" * 5_000 + b"\n" + good + b"\n")
+    Path(job.control, "req-deep.json").write_bytes(DEEP)
+    assert job.identity() == {} and job.status() == {}
+    assert [e["event"] for e in job.events()] == ["run_start"]
+    assert ControlInbox(job).poll() == []  # refused, answered, removed: never raised into the loop
+    answer = json.loads(Path(job.control, "resp-deep.json").read_text())
+    assert answer["ok"] is False and "nested deeper" in answer["error"]
+    assert not Path(job.control, "req-deep.json").exists()
+
+
+def test_the_checkpoint_roots_locks_are_regular_files_never_links(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    victim = tmp_path / "victim"
+    lock = root / ".ferry-lock"
+    lock.symlink_to(victim)
+    with pytest.raises(JobError, match=r"\.ferry-lock is a symbolic link: .*; remove it, then start"):
+        RootLock.acquire(str(root), "j")
+    assert not victim.exists()
+    lock.unlink()
+    os.mkfifo(lock)
+    with pytest.raises(JobError, match=r"\.ferry-lock is not a regular file: .*remove it"):
+        RootLock.share(str(root), "j", "node0", {}, exact=True)
+    lock.unlink()
+    lock.mkdir()
+    with pytest.raises(JobError, match=r"\.ferry-lock is a folder: .*remove it"):
+        RootLock.acquire(str(root), "j")
+    lock.rmdir()
+    # The nodes' records: a FIFO and a deeply nested one are no node's; a real one is listed.
+    os.mkfifo(root / ".ferry-node-a")
+    (root / ".ferry-node-b").write_bytes(DEEP[:4000])
+    held = RootLock.share(str(root), "j", "c", {"host": "h"}, exact=True)
+    assert held is not None
+    try:
+        assert [n["node"] for n in nodes(str(root))] == ["c"]
+    finally:
+        held.release()
+
+
+def test_a_suspend_record_that_is_not_one_is_ignored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FERRY_HOME", str(tmp_path))
+    pid = os.getpid()
+    record = SuspendRecord(pid, start_time(pid), None, warnings=["w"])
+    path = Path(save_record(record))
+    assert load_record(pid) == record
+    uuid = "GPU-" + "0" * 8 + "-0000-0000-0000-" + "0" * 12
+    for bad in ([], {"pid": "7"}, {"pid": pid, "opened": ["MIG-1"]}, {"pid": pid, "gpus": [{"uuid": uuid}]},
+                {"pid": pid, "warnings": "w"}):  # fmt: skip
+        path.write_text(json.dumps(bad))
+        assert load_record(pid) is None, bad
+    path.write_bytes(DEEP)
+    assert load_record(pid) is None
+
+
+def test_ferry_run_json_follows_only_its_regular_events_file(tmp_path: Path) -> None:
+    path, out = tmp_path / "events.jsonl", tmp_path / "out"
+    with open(out, "wb") as sink:
+        follower = EventFollower(str(path), sink.fileno())
+        os.mkfifo(path)
+        follower.drain()  # a FIFO is not opened for reading: no hang
+        path.unlink()
+        elsewhere = tmp_path / "elsewhere.jsonl"
+        elsewhere.write_text(json.dumps({"time": 1.0, "event": "run_start"}) + "\n")
+        path.symlink_to(elsewhere)
+        follower.drain()  # not followed
+        path.unlink()
+        good = json.dumps({"time": 2.0, "event": "run_end", "exit_code": 0})
+        path.write_bytes(b"[" * 5_000 + b"\n" + good.encode() + b"\n")
+        follower.drain()  # the deep line is skipped, the next one copied
+    assert [json.loads(line)["event"] for line in out.read_text().splitlines()] == ["run_end"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import logging
 import os
 import socket
@@ -37,6 +36,7 @@ from ferry.runtime.jobfiles import (
     parse_identity,
     parse_status,
 )
+from ferry.typedjson import loads
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -126,10 +126,7 @@ def read_json(path: str, limit: int = MAX_DOC_BYTES, owner: int | None = None) -
         os.close(fd)
     if len(data) > limit:
         raise ValueError(f"{path} holds more than the {limit} bytes ferry reads")
-    try:
-        return json.loads(data)
-    except RecursionError:  # "[[[[..." past Python's recursion limit: not ferry's
-        raise ValueError(f"{path} nests deeper than any file ferry writes") from None
+    return loads(data)
 
 
 _reported: set[str] = set()
