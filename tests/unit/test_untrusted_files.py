@@ -14,12 +14,15 @@ from pathlib import Path
 import pytest
 
 from ferry.cli.events import EventFollower
-from ferry.errors import JobError
+from ferry.errors import ConfigError, JobError, ProcessCheckpointError
+from ferry.process.criu import MANIFEST, restore
 from ferry.process.pids import start_time
 from ferry.process.record import SuspendRecord, load_record, save_record
 from ferry.runtime.control import ControlInbox
+from ferry.runtime.finished import FINISHED, read_finished
 from ferry.runtime.jobdir import JobDir
 from ferry.runtime.rootlock import RootLock, nodes
+from ferry.schedulers import detect as detect_scheduler
 from ferry.schedulers.slurm import SlurmAdapter, claim_name
 from ferry.supervisor import warm
 
@@ -215,3 +218,26 @@ def test_ferry_run_json_follows_only_its_regular_events_file(tmp_path: Path) -> 
         path.write_bytes(b"[" * 5_000 + b"\n" + good.encode() + b"\n")
         follower.drain()  # the deep line is skipped, the next one copied
     assert [json.loads(line)["event"] for line in out.read_text().splitlines()] == ["run_end"]
+
+
+def test_a_finished_record_nested_too_deep_is_none(tmp_path: Path) -> None:
+    (tmp_path / FINISHED).write_bytes(DEEP)
+    assert read_finished(str(tmp_path)) is None  # the job then runs as if it had none
+
+
+def test_the_htcondor_job_ad_is_read_only_from_a_small_regular_file(tmp_path: Path) -> None:
+    fifo, huge = tmp_path / "fifo.ad", tmp_path / "huge.ad"
+    os.mkfifo(fifo)  # no writer: a blocking read would hang `ferry run` at its start
+    with pytest.raises(ConfigError, match=r"is not a regular file: .*unset _CONDOR_JOB_AD outside HTCondor"):
+        detect_scheduler({"_CONDOR_JOB_AD": str(fifo)})
+    huge.write_text("ClusterId = 1\n")
+    os.truncate(huge, 2 << 20)
+    with pytest.raises(ConfigError, match="holds more than 1048576 bytes"):
+        detect_scheduler({"_CONDOR_JOB_AD": str(huge)})
+
+
+def test_a_criu_manifest_that_is_not_an_object_is_no_crash(tmp_path: Path) -> None:
+    (tmp_path / "inventory.img").write_bytes(b"")
+    (tmp_path / MANIFEST).write_text("[1, 2]")
+    with pytest.raises(ProcessCheckpointError):  # on to CRIU's own checks (root, criu on PATH)
+        restore(str(tmp_path))
