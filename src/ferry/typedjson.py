@@ -15,6 +15,7 @@ is dropped (a newer writer may add one); a key it requires must be there.
 
 from __future__ import annotations
 
+import json
 import math
 import types
 from collections.abc import Callable, Mapping
@@ -155,6 +156,15 @@ def _hints(schema: type) -> dict[str, object]:
     return _HINTS[schema]
 
 
+def loads(data: str | bytes) -> object:
+    """``json.loads``, with JSON nested past Python's recursion limit (``[[[[...``, which no
+    ferry writer makes) refused as ValueError like any other bad JSON, not RecursionError."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested deeper than any document ferry writes") from None
+
+
 def parse(raw: object, schema: type[T], path: str = "") -> T:
     """``raw`` (decoded JSON) as the TypedDict ``schema``; SchemaError at the first bad field."""
     if not isinstance(raw, dict):
@@ -171,4 +181,4 @@ def salvage(raw: object, schema: type[T], dropped: Callable[[SchemaError], None]
     return cast(T, _fields(raw, cast("type[Mapping[str, object]]", schema), path, dropped))
 
 
-__all__ = ["SchemaError", "check", "parse", "salvage"]
+__all__ = ["SchemaError", "check", "loads", "parse", "salvage"]

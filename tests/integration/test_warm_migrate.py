@@ -28,14 +28,20 @@ from trainrun import SCRIPTS, assert_same, env_for
 
 pytestmark = pytest.mark.integration
 EXIT_CHECKPOINTED = 85
-EPOCHS = ("--epochs", "10")
+EPOCHS = ("--epochs", "10")  # 120 steps
+CRAWL_FROM = 72
+"""While the test holds the job (``slow``), its steps take 0.2 s up to this one, then up to 3 s
+each (a step ends as soon as ``slow`` goes): 14 s, then 144 s more before the job could end
+under the test. The test needs about 22 s (the job at step 66 when it stops it, on a loaded
+2-core host), so an idle host never reaches the slow steps; a loaded one has room for its
+warm workers' slow start-ups (a job of 24 s in all once ended before a migration request)."""
 
 
 def command(tmp: Path) -> list[str]:
     return [sys.executable, str(SCRIPTS / "launcher_wrap.py"), "--say", "setup done",
             "--hold-warm", str(tmp / "hold-warm"), "--record-env", f"CUDA_VISIBLE_DEVICES={tmp / 'seen'}",
             "--out", str(tmp / "run"), *EPOCHS, "--sleep", "0.2",
-            "--sleep-while", str(tmp / "slow")]  # fmt: skip
+            "--sleep-while", str(tmp / "slow"), "--crawl-from", str(CRAWL_FROM)]  # fmt: skip
 
 
 def events(path: Path, kind: str, since: float = 0.0) -> list[dict[str, object]]:
@@ -60,7 +66,7 @@ def test_warm_moves_then_a_kill_and_a_stop_during_the_overlap_bitwise(
 ) -> None:
     reference = reference_run(tmp_path_factory, args=EPOCHS)
     home, path = tmp_path / "home", tmp_path / "home" / "jobs" / "w"
-    (tmp_path / "slow").touch()  # training steps take 0.2 s until the test is done with the job
+    (tmp_path / "slow").touch()  # training steps take 0.2 s (3 s past CRAWL_FROM) until the test is done
     proc = start(home, "w", tmp_path / "ck", command(tmp_path), "--max-restarts", "3", "--every-steps", "3",
                  "--env", "CUDA_VISIBLE_DEVICES=0")  # fmt: skip
     wait_for("training to reach step 3", training(path), proc)

@@ -13,14 +13,19 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ferry.knobs import PROCESS_POLL_SECONDS
-from ferry.runtime.events import parse_event
+from ferry.runtime.events import MAX_EVENT_BYTES, parse_event
 from ferry.runtime.jobdir import report_dropped
+from ferry.typedjson import loads
+
+CHUNK_BYTES = 4 << 20
+"""The most one drain reads: a job that appends faster is followed over several drains."""
 
 
 class EventFollower:
@@ -48,17 +53,27 @@ class EventFollower:
             self.drain()
 
     def drain(self) -> None:
+        """Copy the whole lines appended since the last drain, at most ``CHUNK_BYTES`` of them.
+        Only a regular file is read: a symlink is not followed, a FIFO (which would block the
+        follower, and ``ferry run`` at its end) not opened for reading."""
         try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except OSError:  # not there yet
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:  # not there yet, or a link: nothing the job directory counts
             return
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return
+            f.seek(self.offset)
+            data = f.read(CHUNK_BYTES)
         end = data.rfind(b"\n") + 1  # a line still being written waits for its newline
+        if end == 0 and len(data) == CHUNK_BYTES:  # a line longer than any event's: skipped
+            end = len(data)
         for line in data[:end].splitlines():
+            if len(line) > MAX_EVENT_BYTES:
+                continue
             try:
-                event = parse_event(json.loads(line), report_dropped, self.path)
-            except ValueError:
+                event = parse_event(loads(line), report_dropped, self.path)
+            except ValueError:  # not JSON, or nested too deep
                 continue
             if event is None:  # not an event (no time, no kind): the job directory skips it too
                 continue

@@ -11,7 +11,6 @@ piece, and ``criu check`` must pass (kernel features, privileges).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -25,6 +24,7 @@ from ferry.errors import ConfigError, ProcessCheckpointError
 from ferry.process import nvml
 from ferry.process.pids import check_pid, require_alive
 from ferry.runtime.atomicjson import write_json_atomic
+from ferry.runtime.jobdir import read_json
 
 MIN_GPU_CRIU = (4, 0)
 """CRIU with the CUDA plugin (criu/plugins/cuda) and its device hooks."""
@@ -193,11 +193,11 @@ def restore(directory: str) -> RestoreResult:
         raise ConfigError(
             f"{directory} holds no CRIU dump (no inventory.img): give the folder `ferry process dump` wrote"
         )
-    try:
-        with open(os.path.join(directory, MANIFEST)) as f:
-            manifest = json.load(f)
+    try:  # bounded, no link followed, a FIFO not waited on: the folder is only named by the user
+        raw = read_json(os.path.join(directory, MANIFEST))
     except (OSError, ValueError):
-        manifest = {}
+        raw = None
+    manifest: dict[str, Any] = raw if isinstance(raw, dict) else {}
     info = requirements(bool(manifest.get("gpu", False)))
     pidfile = os.path.join(directory, "restored.pid")
     if os.path.exists(pidfile):

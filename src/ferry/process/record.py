@@ -12,13 +12,35 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
+from ferry.errors import ConfigError
 from ferry.process.nvml import GpuUsage
 from ferry.process.pids import start_time
 from ferry.process.uuids import GpuUuid
 from ferry.runtime.atomicjson import write_json_atomic
 from ferry.runtime.jobdir import ferry_home, read_json
+from ferry.typedjson import parse
+
+
+class GpuUsageDoc(TypedDict):
+    uuid: str
+    name: str
+    used_bytes: int
+
+
+class _RecordPid(TypedDict):
+    pid: int
+
+
+class SuspendRecordDoc(_RecordPid, total=False):
+    """``<FERRY_HOME>/process/<pid>.json`` as ``SuspendRecord.to_dict`` writes it."""
+
+    start_time: int | None
+    suspended_at: float
+    gpus: list[GpuUsageDoc] | None
+    opened: list[str]
+    warnings: list[str]
 
 
 @dataclass
@@ -45,15 +67,20 @@ class SuspendRecord:
         }
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> SuspendRecord:
+    def from_dict(cls, raw: object) -> SuspendRecord:
+        """The record in decoded JSON, parsed whole (``SuspendRecordDoc``); ValueError, naming
+        the field, when it is not one (ConfigError for a GPU UUID that is not one)."""
+        doc = parse(raw, SuspendRecordDoc)
         gpus = doc.get("gpus")
         return cls(
-            int(doc["pid"]),
+            doc["pid"],
             doc.get("start_time"),
-            None if gpus is None else [GpuUsage.from_dict(g) for g in gpus],
+            None
+            if gpus is None
+            else [GpuUsage(GpuUuid.parse(g["uuid"]), g["name"], g["used_bytes"]) for g in gpus],
             [GpuUuid.parse(g) for g in doc.get("opened", [])],
-            float(doc.get("suspended_at", 0.0)),
-            list(doc.get("warnings", [])),
+            doc.get("suspended_at", 0.0),
+            doc.get("warnings", []),
         )
 
 
@@ -72,7 +99,7 @@ def load_record(pid: int) -> SuspendRecord | None:
     """The record of ``pid``'s suspend, unless it is missing or belongs to an earlier process."""
     try:
         record = SuspendRecord.from_dict(read_json(record_path(pid)))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, ConfigError):  # missing, or not a record ferry wrote
         return None
     if record.start_time is not None and record.start_time != start_time(pid):
         return None

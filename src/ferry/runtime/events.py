@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Literal, TypedDict, overload
 
 from ferry.runtime.jobfiles import Dropped, salvage_minimums
-from ferry.typedjson import SchemaError
+from ferry.typedjson import SchemaError, loads
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -300,8 +300,8 @@ def read_events(path: str, dropped: Dropped) -> list[Event]:
                 dropped(f"{where}: a line of {len(line)} bytes is not ferry's; line skipped")
                 continue
             try:
-                raw = json.loads(line)
-            except ValueError:  # a torn append (a full disk), or not ferry's
+                raw = loads(line)
+            except ValueError:  # a torn append (a full disk), or not ferry's (nested too deep)
                 dropped(f"{where}: not JSON; line skipped")
                 continue
             event = parse_event(raw, dropped, where)

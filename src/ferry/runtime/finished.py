@@ -19,7 +19,7 @@ from typing import TypedDict
 
 from ferry.errors import FerryError
 from ferry.storage import open_storage
-from ferry.typedjson import SchemaError, parse
+from ferry.typedjson import SchemaError, loads, parse
 
 FINISHED = "finished.json"
 MAX_BYTES = 64 << 10
@@ -70,7 +70,7 @@ def read_finished(root: str) -> Finished | None:
         storage = open_storage(root)
         if not storage.exists(FINISHED) or storage.size(FINISHED) > MAX_BYTES:
             return None
-        return parse(json.loads(storage.read_bytes(FINISHED)), Finished, FINISHED)
+        return parse(loads(storage.read_bytes(FINISHED)), Finished, FINISHED)
     except (OSError, ValueError, SchemaError, FerryError):  # unreadable: as if there were none
         return None
 

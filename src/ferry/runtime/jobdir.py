@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import logging
 import os
 import socket
@@ -37,6 +36,7 @@ from ferry.runtime.jobfiles import (
     parse_identity,
     parse_status,
 )
+from ferry.typedjson import loads
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -107,9 +107,10 @@ def private_dir(path: str, what: str, *, tighten: bool = False) -> None:
 def read_json(path: str, limit: int = MAX_DOC_BYTES, owner: int | None = None) -> Any:
     """The decoded JSON of the regular file ``path``, for its caller to parse. A symlink
     (OSError), a FIFO or device (which could hang the reader), a file over ``limit`` bytes,
-    one not owned by uid ``owner`` (when given) and bytes that are not JSON (ValueError) are
-    refused; FileNotFoundError and PermissionError come through as they are. The checks are
-    made on the opened file, so a file swapped in after a caller's ``lstat`` is caught too."""
+    one not owned by uid ``owner`` (when given) and bytes that are not JSON or nest too deep
+    (ValueError) are refused; FileNotFoundError and PermissionError come through as they are.
+    The checks are made on the opened file, so a file swapped in after a caller's ``lstat`` is
+    caught too."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
@@ -125,7 +126,7 @@ def read_json(path: str, limit: int = MAX_DOC_BYTES, owner: int | None = None) -
         os.close(fd)
     if len(data) > limit:
         raise ValueError(f"{path} holds more than the {limit} bytes ferry reads")
-    return json.loads(data)
+    return loads(data)
 
 
 _reported: set[str] = set()

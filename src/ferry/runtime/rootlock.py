@@ -17,14 +17,17 @@ one node of the job, and so that any node can list the job's nodes (``nodes``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
+import stat
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from ferry.errors import JobError
+from ferry.typedjson import loads
 
 LOCK_NAME = ".ferry-lock"
 """Outside the checkpoint names (``step-*``) and the staging prefix: the catalog ignores it."""
@@ -136,12 +139,14 @@ def nodes(root: str) -> list[dict[str, Any]]:
         except OSError:
             continue
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue  # a FIFO or a device: not a node's lock
             raw = os.pread(fd, MAX_ID_BYTES, 0)
             alive = _held(fd)
         finally:
             os.close(fd)
         try:
-            doc = json.loads(raw)
+            doc = loads(raw)
         except ValueError:
             continue  # being written, or not ferry's
         if isinstance(doc, dict):
@@ -216,7 +221,7 @@ def _node_lock(
 
 def _who(raw: bytes) -> str:
     try:
-        doc = json.loads(raw)
+        doc = loads(raw)
     except ValueError:
         return "a live supervisor"
     if not isinstance(doc, dict):
@@ -233,7 +238,22 @@ def _refusal(root: str, holder: str) -> str:
 
 
 def _open(path: str) -> int:
-    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    """The lock file ``path``, created 0600 where missing. The root may be a shared folder: a
+    symlink planted there is not followed, nor is anything but a regular file used (a FIFO,
+    a folder): JobError, saying what to do."""
+    fix = "ferry does not use it as a lock; remove it, then start the job again"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise JobError(f"{path} is a symbolic link: {fix}") from None
+        if exc.errno == errno.EISDIR:
+            raise JobError(f"{path} is a folder: {fix}") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise JobError(f"{path} is not a regular file: {fix}")
+    return fd
 
 
 def _held(fd: int) -> bool:

@@ -17,6 +17,8 @@ HTCondor take a checkpoint for the job's end.
 from __future__ import annotations
 
 import logging
+import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +26,9 @@ from typing import Any
 from ferry.errors import ConfigError
 from ferry.knobs import CHECKPOINT_EXIT_CODE, FAILURE_EXIT_CODE
 from ferry.schedulers.base import AdapterDefaults
+
+MAX_AD_BYTES = 1 << 20
+"""A job ad is a few KiB of ``key = value`` lines."""
 
 log = logging.getLogger("ferry.run")
 
@@ -127,15 +132,24 @@ def detect(env: Mapping[str, str]) -> HTCondorAdapter | None:
     path = env.get("_CONDOR_JOB_AD")
     if not path:
         return None
+    return HTCondorAdapter(ad=parse_job_ad(_read_ad(path)))
+
+
+def _read_ad(path: str) -> str:
+    """The job ad's text. Only a regular file of at most ``MAX_AD_BYTES`` is read: a FIFO
+    (which would hang ``ferry run`` at its start) or a huge file is refused, saying so."""
+    fix = "ferry needs the job ad for its checkpoint exit code; unset _CONDOR_JOB_AD outside HTCondor"
     try:
-        with open(path) as f:
-            ad = parse_job_ad(f.read())
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise ConfigError(
-            f"_CONDOR_JOB_AD={path!r} cannot be read ({exc.strerror}): ferry needs the job ad for "
-            "its checkpoint exit code; unset _CONDOR_JOB_AD outside HTCondor"
-        ) from None
-    return HTCondorAdapter(ad=ad)
+        raise ConfigError(f"_CONDOR_JOB_AD={path!r} cannot be read ({exc.strerror}): {fix}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"_CONDOR_JOB_AD={path!r} is not a regular file: {fix}")
+        data = f.read(MAX_AD_BYTES + 1)
+    if len(data) > MAX_AD_BYTES:
+        raise ConfigError(f"_CONDOR_JOB_AD={path!r} holds more than {MAX_AD_BYTES} bytes, no job ad: {fix}")
+    return data.decode("utf-8", "replace")
 
 
 def submit_file(

@@ -24,23 +24,26 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import errno
 import fcntl
-import json
 import logging
 import os
 import re
 import shutil
+import stat
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
-from ferry.errors import ConfigError, bug
+from ferry.errors import ConfigError, JobError, bug
 from ferry.knobs import SLURM_MAX_REQUEUES as DEFAULT_MAX_REQUEUES
 from ferry.runtime.atomicjson import write_json_atomic
+from ferry.runtime.jobdir import read_json, report_dropped
 from ferry.schedulers.base import AdapterDefaults
 from ferry.schedulers.sbatch import SbatchSpec, sbatch_script
+from ferry.typedjson import SchemaError, parse
 
 __all__ = ["SbatchSpec", "SlurmAdapter", "detect", "sbatch_script"]
 
@@ -50,6 +53,19 @@ CLOCK_SLACK_SECONDS = 2.0
 """A claim written this long before the process started still counts as its own: the start
 time read from /proc is good to about a second; a claim from an earlier SLURM job predates
 it by the time that job took to end and this one to be scheduled."""
+
+MAX_CLAIM_BYTES = 4096
+"""A claim is about 100 bytes; a bigger file is not ferry's, and is not read."""
+
+
+class RequeueClaim(TypedDict):
+    """``slurm-requeue-<slurm job>-<restart>.json`` as ``SlurmRun.claim`` writes it."""
+
+    job: str
+    cluster: str | None
+    restart: int
+    step: int | None
+    time: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,14 +82,10 @@ class SlurmRun:
     started: float | None
     """When this process started (epoch seconds), None where /proc cannot say."""
 
-    def claim(self, step: int | None) -> dict[str, Any]:
-        return {
-            "job": self.job,
-            "cluster": self.cluster,
-            "restart": self.restart,
-            "step": step,
-            "time": time.time(),
-        }
+    def claim(self, step: int | None) -> RequeueClaim:
+        return RequeueClaim(
+            job=self.job, cluster=self.cluster, restart=self.restart, step=step, time=time.time()
+        )
 
     def owns(self, claim: Mapping[str, Any] | None, restart: int) -> bool:
         """Was ``claim`` written by this SLURM job at ``restart``?"""
@@ -186,10 +198,17 @@ class SlurmAdapter(AdapterDefaults):
             )
             return code
         run = self.run()
+        try:
+            self._decide(run, step, state_dir)
+        except JobError as exc:
+            log.error("ferry run: not requeuing SLURM job %s: %s", run.job, exc)
+        return code
+
+    def _decide(self, run: SlurmRun, step: int | None, state_dir: str) -> None:
         job, restart = run.job, run.restart
         claim = os.path.join(state_dir, claim_name(job, restart))
         # The lock makes read, decide, claim and requeue one step for every layer of the job.
-        with _locked(os.path.join(state_dir, "slurm-requeue.lock")):
+        with _locked(os.path.join(state_dir, "slurm-requeue.lock"), step):
             decision = requeue_decision(
                 run,
                 step=step,
@@ -216,7 +235,6 @@ class SlurmAdapter(AdapterDefaults):
                 log.info("ferry run: SLURM job %s was already requeued for this preemption", job)
             else:
                 self._requeue(run, step, claim)
-        return code
 
     def _requeue(self, run: SlurmRun, step: int | None, claim: str) -> None:
         job = run.job
@@ -264,22 +282,44 @@ def process_start(pid: int) -> float | None:
 
 
 @contextlib.contextmanager
-def _locked(path: str) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+def _locked(path: str, step: int | None) -> Iterator[None]:
+    """Hold the requeue lock ``path``, created 0600 where missing. A symlink planted there is
+    not followed (it could make this user create or lock another user's file), nor is anything
+    but a regular file used: JobError, saying what to do."""
+    fix = f"remove it, then resubmit the job to resume from its checkpoint (step {step})"
     try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise JobError(
+                f"its lock {path} is a symbolic link, which ferry does not follow; {fix}"
+            ) from None
+        raise JobError(f"cannot open its lock {path} ({exc.strerror or exc}); {fix}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise JobError(f"its lock {path} is not a regular file; {fix}")
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)
 
 
-def _read(path: str) -> dict[str, Any] | None:
+def _read(path: str) -> RequeueClaim | None:
+    """The claim at ``path``; None when there is none. One that is not a small regular file of
+    well-typed fields (a symlink, a FIFO, a garbled or foreign file) counts as none, said once
+    in the log: the claim this run writes replaces it."""
     try:
-        with open(path) as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
+        raw = read_json(path, MAX_CLAIM_BYTES)
+    except FileNotFoundError:
         return None
-    return doc if isinstance(doc, dict) else None
+    except (OSError, ValueError) as exc:
+        report_dropped(f"a SLURM requeue claim is ignored: {exc}")
+        return None
+    try:
+        return parse(raw, RequeueClaim)
+    except SchemaError as exc:
+        report_dropped(f"the SLURM requeue claim {path} is ignored: {exc}")
+        return None
 
 
 def _max_requeues(env: Mapping[str, str]) -> int:

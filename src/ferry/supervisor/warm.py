@@ -25,19 +25,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
-from ferry.errors import JobError, bug
+from ferry.errors import JobError
 from ferry.runtime.atomicjson import write_json_atomic
 from ferry.runtime.control import MAX_REQUEST_BYTES, ControlInbox
 from ferry.runtime.jobdir import JobDir, read_json
 from ferry.runtime.jobfiles import Answer
 from ferry.runtime.warmstart import ENV, GO, READY, WarmFds
 from ferry.supervisor.worker import WorkerGroup
+from ferry.typedjson import parse
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 log = logging.getLogger("ferry.run")
 PREFIX = "warm-"
+MAX_EXPIRES = 3 * 366 * 24 * 3600.0
+"""The longest a warm worker may wait to take over: ``ferry migrate`` asks for three times
+its ``--timeout``, which is at most a year."""
 
 
 @dataclass(frozen=True)
@@ -72,40 +76,71 @@ def submit(job: JobDir, env: Mapping[str, str], *, expires: float) -> str:
 
 
 def take_requests(job: JobDir) -> list[WarmRequest | tuple[str, str]]:
-    """The pending warm requests (read and removed); a refused one comes as (id, why)."""
+    """The pending warm requests (read and removed); a refused one comes as (id, why), and
+    its reason is logged. Each is parsed whole (``WarmRequestDoc``) before it is obeyed."""
     try:
         entries = list(os.scandir(job.control))
     except FileNotFoundError:
         return []
     out: list[WarmRequest | tuple[str, str]] = []
-    uid = os.getuid()
     for entry in entries:
         if not (entry.name.startswith(PREFIX) and entry.name.endswith(".json")):
             continue
         rid = entry.name[len(PREFIX) : -5]
         try:
-            st = entry.stat(follow_symlinks=False)
-            if st.st_uid != uid or not stat.S_ISREG(st.st_mode):
-                raise ValueError("not a regular file of the job's own user")
-            raw = read_json(entry.path, MAX_REQUEST_BYTES, owner=uid)
-        except (OSError, ValueError) as exc:
-            out.append((rid, f"warm start refused: {exc}; nothing was done"))
+            request = _read(rid, entry.path)
+        except FileNotFoundError:
+            continue  # withdrawn meanwhile
+        if isinstance(request, str):
+            log.warning("ferry run: warm request %s refused: %s", rid, request)
+            out.append((rid, f"warm start refused: {request}; nothing was done"))
         else:
-            env = raw.get("env") if isinstance(raw, dict) else None
-            expires = raw.get("expires") if isinstance(raw, dict) else None
-            good_env = isinstance(env, dict) and all(
-                isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-            )
-            good_expiry = isinstance(expires, (int, float)) and 0 < expires < float("inf")
-            if good_env and good_expiry:
-                if not isinstance(env, dict) or not isinstance(expires, (int, float)):
-                    raise bug("a warm request passed its checks with fields of other types")
-                out.append(WarmRequest(rid, dict(env), float(expires)))
-            else:
-                out.append((rid, "warm start refused: malformed env or expiry; nothing was done"))
-        with contextlib.suppress(OSError):
-            os.unlink(entry.path)
+            out.append(request)
+        _dispose(job, rid, entry.path)
     return out
+
+
+def _read(rid: str, path: str) -> WarmRequest | str:
+    """The request at ``path``, or why it is refused: it must be a small regular JSON file of
+    this user's that ``WarmRequestDoc`` parses, its env one that a process can be given, its
+    expiry at most ``MAX_EXPIRES``."""
+    uid = os.getuid()
+    try:
+        st = os.lstat(path)
+        if st.st_uid != uid:
+            return f"the request is owned by uid {st.st_uid}, the job runs as uid {uid}"
+        if not stat.S_ISREG(st.st_mode):
+            return "the request is not a regular file"
+        doc = parse(read_json(path, MAX_REQUEST_BYTES, owner=uid), WarmRequestDoc)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:  # unreadable, or swapped for a link since the lstat
+        return f"the request cannot be read ({exc.strerror or exc})"
+    except ValueError as exc:  # not JSON, too big, too deep, or a field of the wrong type
+        return f"the request is malformed ({exc})"
+    for key, value in doc["env"].items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            return f"env holds {key[:40]!r}, which no process environment can hold"
+    if not 0 < doc["expires"] <= MAX_EXPIRES:
+        return f"expires is {doc['expires']:g} s, not within (0, {MAX_EXPIRES:g}]"
+    return WarmRequest(rid, dict(doc["env"]), doc["expires"])
+
+
+def _dispose(job: JobDir, rid: str, path: str) -> None:
+    """Remove a request taken; one that cannot be (a folder) is renamed out of the requests'
+    names, so that it is answered once, not at each wake-up."""
+    try:
+        os.unlink(path)
+        return
+    except FileNotFoundError:
+        return
+    except OSError:
+        pass
+    aside = os.path.join(job.control, f"refused-{PREFIX}{rid}-{uuid.uuid4().hex[:8]}")
+    try:
+        os.rename(path, aside)
+    except OSError as exc:
+        log.warning("ferry run: cannot remove the refused warm request %s (%s)", path, exc)
 
 
 class WarmGate(Protocol):

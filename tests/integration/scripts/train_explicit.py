@@ -49,6 +49,14 @@ def main() -> None:
     p.add_argument("--request-at", type=int, default=-1, help="ferry.checkpoint(stop=True) here")
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--sleep-while", default="", help="sleep (--sleep) only while this file exists")
+    p.add_argument(
+        "--crawl-from",
+        type=int,
+        default=-1,
+        help="from this step on, a step sleeps while --sleep-while exists, up to --crawl-for s (not --sleep):"
+        " a test that holds the file keeps the job's last steps for itself however loaded the host",
+    )
+    p.add_argument("--crawl-for", type=float, default=3.0)
     p.add_argument("--signal-before-loop", action="store_true", help="SIGUSR1 before step 0")
     p.add_argument("--signal-twice", action="store_true", help="SIGUSR1 then SIGTERM at --signal-at")
     p.add_argument("--killpg-at", type=int, default=-1, help="SIGTERM to the process group")
@@ -113,7 +121,12 @@ def main() -> None:
             if args.sleep and (not args.sleep_while or os.path.exists(args.sleep_while)):
                 import time
 
-                time.sleep(args.sleep)
+                if 0 <= args.crawl_from <= step:  # ends as soon as the file goes: a safe point comes
+                    until = time.monotonic() + args.crawl_for
+                    while os.path.exists(args.sleep_while) and time.monotonic() < until:
+                        time.sleep(0.02)
+                else:
+                    time.sleep(args.sleep)
             if step == args.hold_at:  # a test's handshake: no race against the wall clock
                 import time
 
