@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import shlex
+from collections.abc import Sequence
 
 import click
 
 from ferry.cli.events import events_on_stdout
 from ferry.cli.output import json_option
 from ferry.cli.params import GRACE, POSITIVE_SECONDS, SECONDS, Checked, OldNamesHidden, Whole
+from ferry.cli.places import check_writable
 from ferry.errors import ConfigError
 from ferry.knobs import (
     BACKOFF_CAP_SECONDS,
@@ -17,7 +20,7 @@ from ferry.knobs import (
     FAILURE_EXIT_CODE,
     GRACE_SECONDS,
 )
-from ferry.runtime.jobdir import jobs_root
+from ferry.runtime.jobdir import ferry_home, jobs_root
 from ferry.state.usercode import ROOTS_VARIABLE
 from ferry.supervisor import RunOptions, Supervisor
 from ferry.supervisor.options import MAX_RESTARTS, SUPERVISOR_OWNED, check_job_id, check_root
@@ -55,6 +58,29 @@ ROOT = Checked("URL", check_root)
 JOB_ID = Checked("ID", check_job_id)
 
 
+def refuse_nested(name: str, command: Sequence[str]) -> None:
+    """ConfigError for ``ferry run`` (``name``: or ``ferry resume``) started by the command of a
+    live ``ferry run``: the inner supervisor would take the outer job's settings (its id, its
+    root) from the environment and fight it for them; the outer one makes the command
+    preemptible already."""
+    pid = os.environ.get("FERRY_SUPERVISOR_PID", "")
+    if not pid.isdigit() or not os.path.exists(f"/proc/{pid}"):
+        return  # a stale variable (a shell that outlived its job): nothing to fight
+    job = os.environ.get("FERRY_JOB_ID", "?")
+    plain = f"run {shlex.join(command)} there without `{name}`, or " if command else ""
+    raise ConfigError(
+        f"{name} inside ferry run: this runs under job {job} (ferry run pid {pid}), which "
+        f"checkpoints and resumes its command already; {plain}start {name} outside that job"
+    )
+
+
+def check_places(checkpoint_dir: str) -> None:
+    """The checkpoint root and FERRY_HOME, which the run creates and writes: ConfigError
+    (exit 2) for one this user cannot write, before any of it is touched."""
+    check_writable(checkpoint_dir, "the checkpoint root", "give --dir a folder you can write")
+    check_writable(ferry_home(), "FERRY_HOME", "set FERRY_HOME to a folder you can write")
+
+
 def _code_roots(env: dict[str, str], roots: tuple[str, ...]) -> dict[str, str]:
     """``--code-root`` folders, made absolute, before those FERRY_CODE_ROOTS names already."""
     if roots:
@@ -79,7 +105,8 @@ Exit status:
   {CHECKPOINT_EXIT_CODE}     checkpointed and stopped (a stop signal or request): run the
          same command again, in the same folder, to resume
   {FAILURE_EXIT_CODE}     a stop was requested but its checkpoint could not be committed
-  2      usage error: no command, a command that cannot run, a bad option
+  2      usage error: no command, a command that cannot run, a bad option, a checkpoint
+         root or FERRY_HOME that cannot be written, ferry run inside ferry run
   8      the job is already running (its lock is held)
   other  the command's own failure status (128+N: killed by signal N)
 
@@ -236,7 +263,9 @@ def run_cmd(
         overlap_snapshot=overlap_snapshot,
         env=_code_roots(dict(env_pairs), code_roots),
     )
+    refuse_nested("ferry run", command)
     supervisor = Supervisor(command, options)
+    check_places(supervisor.checkpoint_dir)
     if not as_json:
         ctx.exit(supervisor.run())
     with events_on_stdout(os.path.join(jobs_root(), supervisor.job_id, "events.jsonl")):

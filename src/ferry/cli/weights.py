@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from ferry.cli.output import emit_json, human_bytes, json_option
+from ferry.cli.places import URL
 from ferry.ops import weights
 
 
@@ -24,7 +25,7 @@ Examples:
   ferry export-weights ferry-checkpoints/train-1a2b3c4d model.safetensors
   ferry export-weights ckpts/step-000000001200 model.pt --model model:GPT:0""",
 )
-@click.argument("checkpoint")
+@click.argument("checkpoint", type=URL)
 @click.argument("out", type=click.Path(dir_okay=False, writable=True))
 @click.option(
     "--format",
