@@ -1,8 +1,9 @@
 """Issue: a new user's common mistakes, each through the real ``ferry`` command (a subprocess):
-a checkpoint root, FERRY_HOME or bundle folder that cannot be written, ``ferry run`` inside
-``ferry run``, a URL with a scheme no storage backend knows, a file or a bundle given where a
-checkpoint goes. Each ends in one line that says what to do, the documented exit code, no
-traceback, and nothing touched: an export that cannot be written leaves its job running."""
+a checkpoint root, FERRY_HOME or bundle folder that cannot be written, a script named
+without its interpreter, ``ferry run`` inside ``ferry run``, a URL with a scheme no storage
+backend knows, a file or a bundle given where a checkpoint goes. Each ends in one line that
+says what to do, the documented exit code, no traceback, and nothing touched: an export
+that cannot be written leaves its job running."""
 
 from __future__ import annotations
 
@@ -58,6 +59,8 @@ def test_places_that_cannot_be_written_are_refused_before_anything_runs(tmp_path
     assert done.returncode == 2 and not done.stderr, done.stderr
     assert json.loads(done.stdout)["exit"] == 2
     assert not home.exists()
+    done = ferry(home, "run", "--", "train.py", "--lr", "3", cwd=tmp_path)  # no interpreter, no ./
+    one_line(done, 2, "cannot run 'train.py'", "`ferry run -- python train.py --lr 3`")
 
 
 def test_ferry_run_inside_ferry_run_is_refused_by_the_inner_one(tmp_path: Path) -> None:

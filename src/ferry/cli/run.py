@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 from collections.abc import Sequence
 
 import click
@@ -72,6 +73,18 @@ def refuse_nested(name: str, command: Sequence[str]) -> None:
         f"{name} inside ferry run: this runs under job {job} (ferry run pid {pid}), which "
         f"checkpoints and resumes its command already; {plain}start {name} outside that job"
     )
+
+
+def refuse_bare_script(command: Sequence[str], path: str | None) -> None:
+    """ConfigError, with the command that works, for ``ferry run -- train.py``: a file of this
+    folder named without its interpreter or ``./``, which no shell runs either."""
+    argv0 = command[0] if command else ""
+    if argv0 and os.sep not in argv0 and os.path.isfile(argv0) and shutil.which(argv0, path=path) is None:
+        fix = f"python {shlex.join(command)}" if argv0.endswith(".py") else f"./{shlex.join(command)}"
+        raise ConfigError(
+            f"cannot run {argv0!r}: command not found on PATH (a file of this folder is not looked "
+            f"for there); run it as `ferry run -- {fix}`"
+        )
 
 
 def check_places(checkpoint_dir: str) -> None:
@@ -264,6 +277,7 @@ def run_cmd(
         env=_code_roots(dict(env_pairs), code_roots),
     )
     refuse_nested("ferry run", command)
+    refuse_bare_script(command, options.env.get("PATH", os.environ.get("PATH")))
     supervisor = Supervisor(command, options)
     check_places(supervisor.checkpoint_dir)
     if not as_json:
