@@ -3,7 +3,8 @@ a checkpoint root, FERRY_HOME or bundle folder that cannot be written, a script 
 without its interpreter, ``ferry run`` inside ``ferry run``, a URL with a scheme no storage
 backend knows, a file or a bundle given where a checkpoint goes. Each ends in one line that
 says what to do, the documented exit code, no traceback, and nothing touched: an export
-that cannot be written leaves its job running."""
+that cannot be written leaves its job running; a report that cannot be written is refused
+before it is drawn."""
 
 from __future__ import annotations
 
@@ -105,6 +106,8 @@ def test_an_export_that_cannot_be_written_leaves_the_job_running(tmp_path: Path)
         done = ferry(home, "export", "j", str(afile / "bundle"), "--timeout", "2")
         one_line(done, 2, "the bundle's folder", "give DEST_URL a folder you can write")
         assert os.listdir(path / "control") == []  # no stop request was written
+        done = ferry(home, "report", "j", "-o", str(tmp_path / "nodir" / "r.html"))
+        one_line(done, 2, "there is no folder", "give -o a file in a folder you can write")
         assert proc.poll() is None and JobDir(str(path)).status().get("state") == "starting"
     finally:
         proc.terminate()  # forwarded to the worker, which ends on it

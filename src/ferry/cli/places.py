@@ -70,3 +70,15 @@ def check_writable(url: str, what: str, fix: str) -> None:
     except OSError as exc:
         raise ConfigError(f"cannot write {what} {url} ({exc.strerror} in {existing}): {fix}") from None
     os.rmdir(probe)
+
+
+def check_output(path: str, what: str, fix: str) -> None:
+    """ConfigError when the file ``path`` cannot be written: its folder does not exist (the
+    commands that write one file make no folders), is not a folder, or cannot be written
+    by this user; or ``path`` is a folder. Checked before the work that produces the file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ConfigError(f"cannot write {what} {path}: there is no folder {folder}; {fix}")
+    if os.path.isdir(path):
+        raise ConfigError(f"{what} {path} is a folder: {fix}")
+    check_writable(folder, f"{path}: its folder", fix)
