@@ -66,7 +66,7 @@ def test_places_that_cannot_be_written_are_refused_before_anything_runs(tmp_path
 
 def test_ferry_run_inside_ferry_run_is_refused_by_the_inner_one(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    inner = [*FERRY, "run", "--", sys.executable, "-c", "print('trained')"]
+    inner = [*FERRY, "run", "--no-autotrack", "--", sys.executable, "-c", "print('trained')"]
     done = ferry(home, "run", "--no-autotrack", "--job-id", "outer", "--", *inner, cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert "trained" not in done.stdout
@@ -74,6 +74,11 @@ def test_ferry_run_inside_ferry_run_is_refused_by_the_inner_one(tmp_path: Path) 
     assert "ferry run inside ferry run" in refusal and "job outer" in refusal, refusal
     assert "print(" in refusal  # names the command to run instead
     assert sorted(os.listdir(home / "jobs")) == ["outer"]  # no inner job was made
+    # a variable left in a shell that outlived its job names a process that is no ancestor
+    stale = subprocess.run(
+        inner, env=env_for(home, FERRY_SUPERVISOR_PID="1"), capture_output=True, text=True, cwd=tmp_path
+    )
+    assert stale.returncode == 0 and "trained" in stale.stdout, stale.stderr
 
 
 def test_urls_files_and_bundles_where_a_checkpoint_goes(tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ from ferry.cli.jobs import EPILOG
 from ferry.cli.output import emit_json, json_option
 from ferry.cli.params import GRACE, POSITIVE_SECONDS, Checked, OldNamesHidden, Whole, check_timeout
 from ferry.cli.places import URL, check_writable, local_path
-from ferry.cli.run import JOB_ID, ROOT, check_places, refuse_nested
+from ferry.cli.preflight import check_places, refuse_nested
+from ferry.cli.run import JOB_ID, ROOT
 from ferry.errors import ConfigError, NoCheckpointError
 from ferry.knobs import GRACE_SECONDS, REQUEST_TIMEOUT_SECONDS
 from ferry.ops import bundle as bundles

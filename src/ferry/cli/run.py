@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import os
-import shlex
-import shutil
-from collections.abc import Sequence
 
 import click
 
 from ferry.cli.events import events_on_stdout
 from ferry.cli.output import json_option
 from ferry.cli.params import GRACE, POSITIVE_SECONDS, SECONDS, Checked, OldNamesHidden, Whole
-from ferry.cli.places import check_writable
+from ferry.cli.preflight import check_places, refuse_bare_script, refuse_nested
 from ferry.errors import ConfigError
 from ferry.knobs import (
     BACKOFF_CAP_SECONDS,
@@ -21,7 +18,7 @@ from ferry.knobs import (
     FAILURE_EXIT_CODE,
     GRACE_SECONDS,
 )
-from ferry.runtime.jobdir import ferry_home, jobs_root
+from ferry.runtime.jobdir import jobs_root
 from ferry.state.usercode import ROOTS_VARIABLE
 from ferry.supervisor import RunOptions, Supervisor
 from ferry.supervisor.options import MAX_RESTARTS, SUPERVISOR_OWNED, check_job_id, check_root
@@ -57,41 +54,6 @@ def exit_code(text: str) -> int:
 ENV_PAIR = Checked("NAME=VALUE", env_pair)
 ROOT = Checked("URL", check_root)
 JOB_ID = Checked("ID", check_job_id)
-
-
-def refuse_nested(name: str, command: Sequence[str]) -> None:
-    """ConfigError for ``ferry run`` (``name``: or ``ferry resume``) started by the command of a
-    live ``ferry run``: the inner supervisor would take the outer job's settings (its id, its
-    root) from the environment and fight it for them; the outer one makes the command
-    preemptible already."""
-    pid = os.environ.get("FERRY_SUPERVISOR_PID", "")
-    if not pid.isdigit() or not os.path.exists(f"/proc/{pid}"):
-        return  # a stale variable (a shell that outlived its job): nothing to fight
-    job = os.environ.get("FERRY_JOB_ID", "?")
-    plain = f"run {shlex.join(command)} there without `{name}`, or " if command else ""
-    raise ConfigError(
-        f"{name} inside ferry run: this runs under job {job} (ferry run pid {pid}), which "
-        f"checkpoints and resumes its command already; {plain}start {name} outside that job"
-    )
-
-
-def refuse_bare_script(command: Sequence[str], path: str | None) -> None:
-    """ConfigError, with the command that works, for ``ferry run -- train.py``: a file of this
-    folder named without its interpreter or ``./``, which no shell runs either."""
-    argv0 = command[0] if command else ""
-    if argv0 and os.sep not in argv0 and os.path.isfile(argv0) and shutil.which(argv0, path=path) is None:
-        fix = f"python {shlex.join(command)}" if argv0.endswith(".py") else f"./{shlex.join(command)}"
-        raise ConfigError(
-            f"cannot run {argv0!r}: command not found on PATH (a file of this folder is not looked "
-            f"for there); run it as `ferry run -- {fix}`"
-        )
-
-
-def check_places(checkpoint_dir: str) -> None:
-    """The checkpoint root and FERRY_HOME, which the run creates and writes: ConfigError
-    (exit 2) for one this user cannot write, before any of it is touched."""
-    check_writable(checkpoint_dir, "the checkpoint root", "give --dir a folder you can write")
-    check_writable(ferry_home(), "FERRY_HOME", "set FERRY_HOME to a folder you can write")
 
 
 def _code_roots(env: dict[str, str], roots: tuple[str, ...]) -> dict[str, str]:
