@@ -47,8 +47,9 @@ class Limits:
         low_ok = value > self.low if self.above else value >= self.low
         if not (math.isfinite(value) and low_ok and value <= self.high):
             bound = f"> {self.low:g}" if self.above else f">= {self.low:g}"
-            high = f"{self.high:.15g}"
-            raise ConfigError(f"{name} must be {bound} and at most {high}{self.hint}, got {value!r}")
+            # a count's bound (2**53, where JSON stops being exact) is no range a user types
+            high = "" if self.high >= MAX_COUNT else f" and at most {self.high:.15g}"
+            raise ConfigError(f"{name} must be {bound}{high}{self.hint}, got {value!r}")
 
 
 def check_url(name: str, url: str) -> None:

@@ -68,6 +68,15 @@ def test_the_same_checks_apply_to_with_and_from_env() -> None:
         Config.from_env({"FERRY_KEEP_LAST": "0"})
 
 
+def test_a_count_out_of_range_is_told_without_its_json_bound() -> None:
+    """``FERRY_EVERY_STEPS=0`` said "at most 9.00719925474099e+15" (2**53): no range to type."""
+    with pytest.raises(ConfigError) as info:
+        Config.from_env({"FERRY_EVERY_STEPS": "0"})
+    assert str(info.value) == "FERRY_EVERY_STEPS=0: every_steps must be >= 1, got 0"
+    with pytest.raises(ConfigError, match=r"must be > 0 and at most 31622400 \(a year\)"):
+        Config.from_env({"FERRY_EVERY_SECONDS": "0"})
+
+
 def test_good_edge_values_pass() -> None:
     Config(every_steps=1, every_seconds=0.001, keep_last=1, exit_code=255, failure_exit_code=1)
     Config(stop_signals=(), checkpoint_signals=())

@@ -9,6 +9,7 @@ from typing import TypedDict
 import click
 
 from ferry.cli.output import ago, emit_json, human_bytes, json_option, table
+from ferry.cli.places import URL
 from ferry.engine.catalog import list_checkpoints, split_url
 from ferry.errors import CorruptCheckpointError, NoCheckpointError
 from ferry.format.integrity import read_manifest, verify
@@ -29,6 +30,11 @@ def _targets(url: str, newest_only: bool) -> tuple[Storage, list[str]]:
     if not names:
         if not storage.exists(""):
             raise NoCheckpointError(f"{url} does not exist: give a checkpoint or a checkpoint root")
+        if storage.exists("bundle.json"):
+            raise NoCheckpointError(
+                f"{url} is a bundle (ferry export), not a checkpoint: its checkpoint is under "
+                f"{url.rstrip('/')}/checkpoints; `ferry resume {url}` starts the job from it"
+            )
         raise NoCheckpointError(
             f"{url} is no checkpoint, and no checkpoint root: it holds no committed checkpoint "
             "(step-... with a manifest.json)"
@@ -146,7 +152,7 @@ def _tensor_rows(manifest: Manifest) -> list[TensorRow]:
 
 
 @click.command("inspect")
-@click.argument("url")
+@click.argument("url", type=URL)
 @click.option("--all", "show_all", is_flag=True, help="Every checkpoint under a root.")
 @click.option("--tensors", is_flag=True, help="List every tensor.")
 @json_option
@@ -200,7 +206,7 @@ def inspect_cmd(url: str, show_all: bool, tensors: bool, as_json: bool) -> None:
 
 
 @click.command("verify")
-@click.argument("url")
+@click.argument("url", type=URL)
 @click.option("--all", "check_all", is_flag=True, help="Verify every checkpoint under a root.")
 @json_option
 def verify_cmd(url: str, check_all: bool, as_json: bool) -> None:

@@ -12,8 +12,10 @@ from ferry.cli.complete import complete_job
 from ferry.cli.jobs import EPILOG
 from ferry.cli.output import emit_json, json_option
 from ferry.cli.params import GRACE, POSITIVE_SECONDS, Checked, OldNamesHidden, Whole, check_timeout
+from ferry.cli.places import URL, check_writable, local_path
+from ferry.cli.preflight import check_places, refuse_nested
 from ferry.cli.run import JOB_ID, ROOT
-from ferry.errors import ConfigError
+from ferry.errors import ConfigError, NoCheckpointError
 from ferry.knobs import GRACE_SECONDS, REQUEST_TIMEOUT_SECONDS
 from ferry.ops import bundle as bundles
 from ferry.ops import devices
@@ -118,7 +120,7 @@ def migrate_cmd(
 
 @click.command("export", epilog=EPILOG)
 @click.argument("job", shell_complete=complete_job)
-@click.argument("dest_url")
+@click.argument("dest_url", type=URL)
 @timeout_option
 @json_option
 def export_cmd(job: str, dest_url: str, timeout: float, as_json: bool) -> None:
@@ -129,6 +131,8 @@ def export_cmd(job: str, dest_url: str, timeout: float, as_json: bool) -> None:
     A job that is not running gets its newest committed checkpoint exported.
     """
     record = find_job(job)
+    # before the job is stopped: a bundle that cannot be written must leave it training
+    check_writable(dest_url, "the bundle's folder", "give DEST_URL a folder you can write")
     bundle = bundles.export(record, dest_url, check_timeout(timeout), _progress(as_json), meter_for(as_json))
     if as_json:
         emit_json(bundle)
@@ -145,8 +149,19 @@ def _resume_target(checkpoint_dir: str | None, job_id: str) -> str:
     return target if "://" in target else os.path.abspath(target)
 
 
+def _refuse_file(source: str) -> None:
+    """NoCheckpointError for a SOURCE that is a local file (a script, a log): it would otherwise
+    end in a storage error that cannot list it."""
+    path = local_path(source)
+    if path is not None and os.path.exists(path) and not os.path.isdir(path):
+        raise NoCheckpointError(
+            f"{source} is a file, not a bundle or a checkpoint: give the folder `ferry export` "
+            "wrote, or a checkpoint (or its root) and the command after --"
+        )
+
+
 @click.command("resume")
-@click.argument("source")
+@click.argument("source", type=URL)
 @click.option("--gpus", type=DEVICES, help="CUDA_VISIBLE_DEVICES for the job (default: the bundle's).")
 @click.option("--job-id", type=JOB_ID, help="The new job's id.  [default: HOST-PID]")
 @click.option(
@@ -204,8 +219,11 @@ def resume_cmd(
     command, its checkpoint is copied here and the worker takes over, and the downtime of
     the move is printed.
     """
+    refuse_nested("ferry resume", command)
+    _refuse_file(source)
     job_id = job_id or default_job_id()
     target = _resume_target(checkpoint_dir, job_id)
+    check_places(target)
     progress = _progress(as_json)
     if warm and bundles.load_bundle(source) is None:
         _resume_warm(

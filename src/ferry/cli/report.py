@@ -7,6 +7,7 @@ import os
 import click
 
 from ferry.cli.output import emit_json, json_option
+from ferry.cli.places import check_output
 from ferry.ops import figure, report
 from ferry.ops.jobs import find_job, list_jobs
 
@@ -26,11 +27,12 @@ def report_cmd(job: str, output: str | None, as_json: bool) -> None:
     Every run of the job is on one time axis: each `ferry run` that wrote JOB's checkpoint
     root, whatever its job id. Needs matplotlib: pip install 'gpuferry[report]'."""
     record = find_job(job)
+    page = output or f"ferry-report-{record.id}.html"
+    check_output(page, "the report", "give -o a file in a folder you can write")
     runs = report.lineage(record, list_jobs())
     events, status = report.merged(runs)
     timeline = report.build(record.id, events, status, exists=report.checkpoint_exists)
     drawing = figure.draw(timeline)
-    page = output or f"ferry-report-{record.id}.html"
     image = os.path.splitext(page)[0] + ".png"
     with open(page, "w") as f:
         f.write(report.page(timeline, status, figure.svg(drawing)))

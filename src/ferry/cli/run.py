@@ -9,6 +9,7 @@ import click
 from ferry.cli.events import events_on_stdout
 from ferry.cli.output import json_option
 from ferry.cli.params import GRACE, POSITIVE_SECONDS, SECONDS, Checked, OldNamesHidden, Whole
+from ferry.cli.preflight import check_places, refuse_bare_script, refuse_nested
 from ferry.errors import ConfigError
 from ferry.knobs import (
     BACKOFF_CAP_SECONDS,
@@ -79,7 +80,8 @@ Exit status:
   {CHECKPOINT_EXIT_CODE}     checkpointed and stopped (a stop signal or request): run the
          same command again, in the same folder, to resume
   {FAILURE_EXIT_CODE}     a stop was requested but its checkpoint could not be committed
-  2      usage error: no command, a command that cannot run, a bad option
+  2      usage error: no command, a command that cannot run, a bad option, a checkpoint
+         root or FERRY_HOME that cannot be written, ferry run inside ferry run
   8      the job is already running (its lock is held)
   other  the command's own failure status (128+N: killed by signal N)
 
@@ -236,7 +238,10 @@ def run_cmd(
         overlap_snapshot=overlap_snapshot,
         env=_code_roots(dict(env_pairs), code_roots),
     )
+    refuse_nested("ferry run", command)
+    refuse_bare_script(command, options.env.get("PATH", os.environ.get("PATH")))
     supervisor = Supervisor(command, options)
+    check_places(supervisor.checkpoint_dir)
     if not as_json:
         ctx.exit(supervisor.run())
     with events_on_stdout(os.path.join(jobs_root(), supervisor.job_id, "events.jsonl")):

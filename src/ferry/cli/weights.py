@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from ferry.cli.output import emit_json, human_bytes, json_option
+from ferry.cli.places import URL, check_output
 from ferry.ops import weights
 
 
@@ -15,7 +16,8 @@ from ferry.ops import weights
 Exit status:
   0  written
   2  bad input: no such model (the message lists the checkpoint's), several models and
-     no --model, a sharded model, safetensors not installed
+     no --model, a sharded model, safetensors not installed, OUT in a folder that
+     does not exist or cannot be written
   4  no committed checkpoint at CHECKPOINT
   5  the checkpoint is damaged (its checksums do not match)
 
@@ -24,7 +26,7 @@ Examples:
   ferry export-weights ferry-checkpoints/train-1a2b3c4d model.safetensors
   ferry export-weights ckpts/step-000000001200 model.pt --model model:GPT:0""",
 )
-@click.argument("checkpoint")
+@click.argument("checkpoint", type=URL)
 @click.argument("out", type=click.Path(dir_okay=False, writable=True))
 @click.option(
     "--format",
@@ -47,6 +49,7 @@ def export_weights_cmd(checkpoint: str, out: str, fmt: str | None, model: str | 
     shared memory (tied weights) are written each on its own. The safetensors format needs
     the safetensors package: pip install 'gpuferry[safetensors]'.
     """
+    check_output(out, "the weights' file", "give OUT a file in a folder you can write")
     done = weights.export(checkpoint, out, fmt=weights.format_for(out, fmt), model=model)
     if as_json:
         emit_json(done.__dict__)
