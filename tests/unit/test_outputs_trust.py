@@ -60,6 +60,39 @@ def test_only_the_files_the_resumed_script_opens_are_rolled_back(tmp_path: Path)
     assert before.read_bytes() == b"line1\nagain\n"
 
 
+WARM = textwrap.dedent(
+    """
+    import sys
+    from ferry.autotrack.outputs import Outputs
+
+    path, records = sys.argv[1], eval(sys.argv[2])
+    outputs = Outputs(lambda filename: filename == __file__, lambda: True)
+    outputs.watch()
+    log = open(path, "a")  # a warm worker's script, started before the stopped run's checkpoint
+    with open(path, "a") as old:  # the stopped run goes on: its checkpoint, then a line after it
+        old.write("line2\\nline3\\n")
+    print(outputs.restore(records))
+    log.write("again\\n")
+    log.close()
+    """
+)
+
+
+def test_a_file_set_aside_before_the_checkpoint_is_rolled_back_from_itself(tmp_path: Path) -> None:
+    """A warm worker sets a file aside before the stopped run's checkpoint: the copy is too
+    old, but the file (opened for appending) still holds the checkpoint's bytes. It is rolled
+    back from itself, and nothing is said (before: "could not be put back", the lines kept)."""
+    path, script = tmp_path / "losses.txt", tmp_path / "warm.py"
+    path.write_bytes(b"line1\n")
+    script.write_text(WARM)
+    records = {str(path): {"size": 12, "tail": _tail(b"line1\nline2\n")}}
+    out = subprocess.run([sys.executable, str(script), str(path), repr(records)],
+                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    assert path.read_bytes() == b"line1\nline2\nagain\n"
+
+
 def test_a_library_loops_saved_place_is_said_only_when_plain() -> None:
     from ferry.autotrack.libloops import at_resume
 

@@ -154,20 +154,22 @@ class Outputs:
 
     def _restore_one(self, path: str, size: int, tail: str, objects: list[Any]) -> str | None:
         name = os.path.relpath(path)
-        if path in self.aside:  # reopened by the resumed script before the restore point
-            source = self.aside[path]
-            if source is None or _tail_hash(source, size) != tail:
-                return (
-                    f"{name} was opened for writing again before the restore point; its content "
-                    "from the stopped run could not be put back (it was missing, changed or over "
-                    f"{_MAX_ASIDE >> 20} MiB): it holds only what the resumed run writes"
-                )
+        source = self.aside.get(path)  # reopened by the resumed script before the restore point
+        if source is not None and _tail_hash(source, size) == tail:
             _put_back(path, source, size)
-        elif _tail_hash(path, size) == tail:
+        elif _tail_hash(path, size) == tail:  # the file itself holds the checkpoint's bytes
+            # (never set aside; or set aside before the stopped run wrote them, as a warm
+            # worker started ahead of the checkpoint does, and opened for appending since)
             if os.stat(path).st_size == size:
                 return None
             with open(path, "r+b") as f:
                 f.truncate(size)  # lines written after the checkpoint: the resumed run writes them
+        elif path in self.aside:
+            return (
+                f"{name} was opened for writing again before the restore point; its content "
+                "from the stopped run could not be put back (it was missing, changed or over "
+                f"{_MAX_ASIDE >> 20} MiB): it holds only what the resumed run writes"
+            )
         else:
             return None  # rewritten since (a model file saved again): the script's business
         for f in objects:
