@@ -82,3 +82,15 @@ def test_torch_compile_prints_no_warning_about_ferrys_module_hook(tmp_path: Path
     ref = compat.plain(argv, tmp_path / "plain", compat.env_for(tmp_path / "h0"))
     got = compat.under_ferry(argv, tmp_path / "ferry", compat.env_for(tmp_path / "h1"))
     compat.assert_same(ref, got)
+
+
+def test_a_script_that_never_imports_torch_does_not_get_it(tmp_path: Path) -> None:
+    """The start-up hook runs in every Python process under `ferry run` (the script's own
+    helper processes too): it imports neither torch nor numpy. Before, it imported both (the
+    files' rollback reached the frame state through its imports): 2.5 s more for each such
+    process, and `os.environ["OMP_NUM_THREADS"] = ...` before `import torch` came too late."""
+    probe = "import sys\nprint(sorted(m for m in ('torch', 'numpy') if m in sys.modules))\n"
+    plain_run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    proc = _ferry_run(tmp_path, "-c", probe)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == plain_run.stdout == "[]\n"

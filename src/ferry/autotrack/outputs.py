@@ -35,8 +35,6 @@ from typing import Any
 
 import xxhash
 
-from ferry.autotrack.frames import loop_frames
-
 log = logging.getLogger("ferry")
 _TAIL = 4096
 _MAX_ASIDE = 64 << 20
@@ -111,7 +109,7 @@ class Outputs:
     def capture(self) -> dict[str, Any]:
         """The recorded files' sizes and tail hashes now; the script's file objects in the
         loop's frames are flushed first (their buffered lines belong to the checkpoint)."""
-        for f in _file_objects(loop_frames(sys._getframe(1))):
+        for f in _file_objects(_loop_frames(sys._getframe(1))):
             with contextlib.suppress(OSError, ValueError):
                 f.flush()
         files: dict[str, Any] = {}
@@ -131,7 +129,7 @@ class Outputs:
         self.restored = True
         problems: list[str] = []
         records = saved if isinstance(saved, dict) else {}
-        objects = _file_objects(loop_frames(sys._getframe(1)))
+        objects = _file_objects(_loop_frames(sys._getframe(1)))
         for f in objects:
             with contextlib.suppress(OSError, ValueError):
                 f.flush()
@@ -214,6 +212,15 @@ def _put_back(path: str, source: str, size: int) -> None:
             dst.write(chunk)
             remaining -= len(chunk)
         dst.truncate(size)
+
+
+def _loop_frames(start: FrameType) -> list[FrameType]:
+    """``autotrack.frames.loop_frames``, imported when first needed: this module is imported
+    by the start-up hook of every Python process under ``ferry run``, which must not import
+    torch (``frames`` does) in a process whose script never does."""
+    from ferry.autotrack.frames import loop_frames
+
+    return loop_frames(start)
 
 
 def _names(f: Any, path: str) -> bool:
