@@ -69,6 +69,7 @@ LONG_TESTS = (
     "test_compat_hf.py::test_an_uninterrupted_run_is_the_plain_run[torchrun",
     "test_exact_keras.py::test_arrays_",
     "test_exact_keras.py::test_pydataset_",
+    "test_exact_accelerate.py::test_an_uninterrupted_",
     "test_slurm.py::test_two_slurm_jobs",
     "test_zero_code_ground.py::test_a_handler_of_the_script_installed_over_ferrys_does_not_end_the_run_first[True]",
     "test_zero_code_ground.py::test_persistent_pools",

@@ -1,5 +1,6 @@
 """What zero-code mode keeps beside the loop's frames: the files the script writes
-(``outputs``) and the loops that run in a library's code (``libloops``). The session calls
+(``outputs``), the loops that run in a library's code (``libloops``) and accelerate's
+gradient accumulation count (``accelerators``). The session calls
 ``examine`` at the first safe point, ``capture`` with each checkpoint and ``restore`` at the
 restore point, through ``session.loophooks.LoopExtras``."""
 
@@ -9,7 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ferry.autotrack import libloops
+from ferry.autotrack import accelerators, libloops
 from ferry.autotrack.outputs import Outputs
 
 
@@ -31,10 +32,15 @@ class Extras:
             sys.stderr.write(line + "\n")
 
     def capture(self) -> dict[str, Any]:
-        return {"files": self.outputs.capture(), "library_loops": self._loops()}
+        state = {"files": self.outputs.capture(), "library_loops": self._loops()}
+        counts = accelerators.capture(sys._getframe(1))
+        if counts:  # only a loop that holds an Accelerator records them
+            state["accelerators"] = counts
+        return state
 
     def restore(self, saved: dict[str, Any]) -> list[str]:
         problems = self.outputs.restore(saved.get("files"))
+        accelerators.restore(sys._getframe(1), saved.get("accelerators"))
         said = libloops.at_resume(saved.get("library_loops"))
         if said is None:
             return problems

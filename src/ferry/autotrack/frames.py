@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+from torch.utils.data import DataLoader
+
 from ferry.autotrack import codeid, ranges, stack
 from ferry.autotrack.values import Problem, Values, Watched
 from ferry.state.framestate import (
@@ -169,6 +171,8 @@ def loop_state(it: Any, chain: dict[int, int] | None = None) -> LoopState:
     frame = getattr(it, "gi_frame", None) if inspect.isgenerator(it) else None
     if frame is not None and chain is not None and id(frame) in chain:
         return LoopState(GENERATOR, chain[id(frame)])
+    if loader_generator(it):
+        return LoopState(LOADER, None)
     if kind in ranges.KINDS:
         value = ranges.next_value(it)
         return LoopState(RANGE, value) if abs(value) <= MAX_POSITION else LoopState("?" + kind, None)
@@ -188,6 +192,17 @@ def loop_state(it: Any, chain: dict[int, int] | None = None) -> LoopState:
         inners = args if kind == "zip" else args[1:]
         return LoopState(kind, tuple(loop_state(i, chain) for i in inners))
     return LoopState("?" + kind, None)
+
+
+def loader_generator(it: Any) -> bool:
+    """Is ``it`` the generator of a DataLoader subclass's own ``__iter__`` in a library
+    (accelerate's ``DataLoaderShard``, which holds one batch ahead)? Its loader's tracker
+    positions it, as it does a DataLoader's iterator; the batch it holds is fetched again."""
+    frame = getattr(it, "gi_frame", None) if inspect.isgenerator(it) else None
+    if frame is None or frame.f_code.co_name != "__iter__":
+        return False
+    owner = frame.f_locals.get("self")
+    return isinstance(owner, DataLoader)
 
 
 def unsupported(state: LoopState) -> str | None:

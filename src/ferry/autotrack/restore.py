@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ferry.autotrack import ranges, stack
-from ferry.autotrack.frames import is_generator, is_module, names_of, where
+from ferry.autotrack.frames import is_generator, is_module, loader_generator, names_of, where
 from ferry.autotrack.values import Digests, own_kind
 from ferry.state.framestate import (
     GENERATOR,
@@ -281,7 +281,7 @@ def _check(it: Any, state: LoopState, chain: _Chain) -> str | None:
     if state.kind == LOADER:
         return (
             None
-            if kind in ("TrackedIter", "FastForward")
+            if kind in ("TrackedIter", "FastForward") or loader_generator(it)
             else f"the loop iterates a {kind} now, not a DataLoader"
         )
     if state.kind == RANGE:

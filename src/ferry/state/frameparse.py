@@ -60,9 +60,10 @@ def parse(raw: object, where: str) -> Section | Legacy:
 
 
 def _section(raw: object) -> Section | Legacy:
-    # "files" and "library_loops" are zero-code mode's extras (autotrack/extras.py), which
-    # check their own fields when they restore them
-    d = _dict(raw, "", {"version", "by", "model", "python", "sampler", "frames", "files", "library_loops"})
+    # "files", "library_loops" and "accelerators" are zero-code mode's extras
+    # (autotrack/extras.py), which check their own fields when they restore them
+    extras = {"files", "library_loops", "accelerators"}
+    d = _dict(raw, "", {"version", "by", "model", "python", "sampler", "frames", *extras})
     by = d.get("by", "loader")
     if by not in BY:
         raise FrameStateError(".by", f"is {got(by)}, not one of {', '.join(BY)}")
