@@ -22,7 +22,6 @@ from types import ModuleType
 from typing import Any
 
 from ferry.autotrack import frameworks
-from ferry.autotrack.extras import Extras
 from ferry.autotrack.outputs import Outputs
 from ferry.errors import ConfigError, FerryError
 from ferry.runtime.procs import own_process
@@ -241,6 +240,7 @@ def _make() -> Any:
     it, with ``ferry.track``)."""
     from ferry import session as session_module
     from ferry.autotrack.discovery import discover, uncaptured_rngs
+    from ferry.autotrack.extras import Extras  # (frames: torch; this module is imported at start-up)
 
     try:
         current = session_module.Session.start(signals=_early_signals)
