@@ -56,6 +56,8 @@ def test_places_that_cannot_be_written_are_refused_before_anything_runs(tmp_path
     assert not home.exists()  # the job directory was not made either
     done = ferry(tmp_path / "train.py" / "home", *run, "--", sys.executable, str(script))
     one_line(done, 2, "FERRY_HOME", "set FERRY_HOME to a folder you can write")
+    done = ferry(script, "list")  # FERRY_HOME a file: was a NotADirectoryError traceback
+    one_line(done, 8, "a file is in its way", "set FERRY_HOME to a folder")
     done = ferry(home, *run, "--json", "--dir", "/proc/ferry-nowhere", "--", sys.executable, str(script))
     assert done.returncode == 2 and not done.stderr, done.stderr
     assert json.loads(done.stdout)["exit"] == 2

@@ -297,6 +297,9 @@ def list_jobs() -> list[JobRecord]:
         return []
     except PermissionError as exc:
         raise JobError(f"cannot read {root}: it belongs to another user; run as its owner") from exc
+    except NotADirectoryError as exc:
+        why = f"cannot list jobs under {root}: a file is in its way; set FERRY_HOME to a folder"
+        raise JobError(why) from exc
     out = []
     for name in names:
         try:
