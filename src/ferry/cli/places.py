@@ -11,13 +11,14 @@ import tempfile
 from ferry.cli.params import Checked
 from ferry.errors import ConfigError
 from ferry.storage import BACKENDS, scheme
-from ferry.storage.extras import missing_backend
+from ferry.storage.extras import backend_problem
 
 
 def check_url(url: str) -> str:
     """A checkpoint, root or bundle to read or write: ConfigError for a scheme no storage
     backend knows, or one whose package is missing (with its install line), in the words of
-    ``ferry run --dir`` (``check_root``, which the supervisor's import would make slow here).
+    ``ferry run --dir`` (both say ``storage.extras.backend_problem``; ``check_root`` itself is
+    not imported here: the supervisor's import would make these commands slow to start).
     ``memory://`` passes: read from a fresh process it holds nothing, and the command says so
     ("does not exist")."""
     proto = scheme(url)
@@ -25,16 +26,9 @@ def check_url(url: str) -> str:
         raise ConfigError(f"{url!r} is not a path or URL: name a checkpoint, a root or a bundle")
     if proto in BACKENDS or proto == "memory":
         return url
-    missing = missing_backend(proto)
-    if missing is not None:
-        raise ConfigError(f"{url!r}: {missing}")
-    import fsspec  # here: a local path (the usual) needs no fsspec to start
-
-    if proto not in fsspec.available_protocols():
-        raise ConfigError(
-            f"{url!r}: no storage backend knows the scheme {proto}:// ; give a local path or an "
-            "fsspec URL (s3://, gs://, root://, ...)"
-        )
+    problem = backend_problem(url, proto)
+    if problem is not None:
+        raise ConfigError(problem)
     return url
 
 

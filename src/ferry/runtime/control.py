@@ -215,22 +215,10 @@ class ControlInbox:
         return None
 
     def _dispose(self, rid: str, path: str, st: os.stat_result) -> None:
-        """Remove a request taken; a folder (which ``unlink`` cannot remove, and which may
-        hold anything) is renamed out of the requests' names instead, and what neither
-        works on is remembered, so that no entry is answered twice."""
-        try:
-            os.unlink(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            pass
-        aside = os.path.join(self.job.control, f"refused-{rid}-{uuid.uuid4().hex[:8]}")
-        try:
-            os.rename(path, aside)
-        except FileNotFoundError:
-            return
-        except OSError as exc:
+        """Remove a request taken (``dispose``); what cannot be is remembered, so that no
+        entry is answered twice."""
+        exc = dispose(self.job.control, rid, path)
+        if exc is not None:
             log.warning("ferry: cannot remove the refused request %s (%s); ignored from now on", path, exc)
             self._stuck.add((os.path.basename(path), st.st_ino))
 
@@ -238,6 +226,26 @@ class ControlInbox:
         doc = Response(id=rid, ok=ok, time=time.time(), **fields)
         with contextlib.suppress(OSError):  # the controller then times out and says so
             write_json_atomic(response_path(self.job, rid), doc)
+
+
+def dispose(control: str, name: str, path: str) -> OSError | None:
+    """Remove the request at ``path``, taken; a folder (which ``unlink`` cannot remove, and
+    which may hold anything) is renamed out of the requests' names (``refused-NAME-...`` in
+    ``control``) instead. Returns the error when neither works."""
+    try:
+        os.unlink(path)
+        return None
+    except FileNotFoundError:
+        return None
+    except OSError:
+        pass
+    try:
+        os.rename(path, os.path.join(control, f"refused-{name}-{uuid.uuid4().hex[:8]}"))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return exc
+    return None
 
 
 def answer_left(job: JobDir, why: str | None) -> int:

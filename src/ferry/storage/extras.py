@@ -38,6 +38,23 @@ def missing_backend(scheme: str) -> str | None:
     return f"the {scheme}:// backend is not installed (no {top} module): {install_hint(scheme)}"
 
 
+def backend_problem(url: str, scheme: str) -> str | None:
+    """Why no storage backend can take ``url``, whose scheme is ``scheme`` (not a local
+    path): its package is missing (with the install line), or no fsspec backend knows the
+    scheme; None when one can."""
+    missing = missing_backend(scheme)
+    if missing is not None:
+        return f"{url!r}: {missing}"
+    import fsspec  # here: a local path (the usual) needs no fsspec to start
+
+    if scheme not in fsspec.available_protocols():
+        return (
+            f"{url!r}: no storage backend knows the scheme {scheme}:// ; give a local path or an "
+            "fsspec URL (s3://, gs://, root://, ...)"
+        )
+    return None
+
+
 def _registered(scheme: str) -> tuple[str | None, str | None]:
     """The module fsspec's registry loads for ``scheme`` (without importing it) and the
     registry's words for what it needs; (None, None) for a scheme it does not know."""

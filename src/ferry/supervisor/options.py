@@ -16,7 +16,7 @@ from ferry.config import MAX_SECONDS, Config, Limits
 from ferry.errors import ConfigError
 from ferry.knobs import BACKOFF_SECONDS, CHECKPOINT_EXIT_CODE, GRACE_SECONDS
 from ferry.storage import BACKENDS, scheme
-from ferry.storage.extras import missing_backend
+from ferry.storage.extras import backend_problem
 from ferry.supervisor.forwarded import FORWARDED
 
 MAX_RESTARTS = 1_000_000
@@ -158,16 +158,9 @@ def check_root(url: str) -> str:
         raise ConfigError(f"{url!r} is not a path or URL: name a folder, e.g. ./ferry-checkpoints")
     if proto in BACKENDS:
         return url
-    missing = missing_backend(proto)
-    if missing is not None:
-        raise ConfigError(f"{url!r}: {missing}")
-    import fsspec
-
-    if proto not in fsspec.available_protocols():
-        raise ConfigError(
-            f"{url!r}: no storage backend knows the scheme {proto}:// ; give a local path or an "
-            "fsspec URL (s3://, gs://, root://, ...)"
-        )
+    problem = backend_problem(url, proto)
+    if problem is not None:
+        raise ConfigError(problem)
     return url
 
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from ferry.errors import JobError
 from ferry.runtime.atomicjson import write_json_atomic
-from ferry.runtime.control import MAX_REQUEST_BYTES, ControlInbox
+from ferry.runtime.control import MAX_REQUEST_BYTES, ControlInbox, dispose
 from ferry.runtime.jobdir import JobDir, read_json
 from ferry.runtime.jobfiles import Answer
 from ferry.runtime.warmstart import ENV, GO, READY, WarmFds
@@ -127,19 +127,10 @@ def _read(rid: str, path: str) -> WarmRequest | str:
 
 
 def _dispose(job: JobDir, rid: str, path: str) -> None:
-    """Remove a request taken; one that cannot be (a folder) is renamed out of the requests'
-    names, so that it is answered once, not at each wake-up."""
-    try:
-        os.unlink(path)
-        return
-    except FileNotFoundError:
-        return
-    except OSError:
-        pass
-    aside = os.path.join(job.control, f"refused-{PREFIX}{rid}-{uuid.uuid4().hex[:8]}")
-    try:
-        os.rename(path, aside)
-    except OSError as exc:
+    """Remove a request taken (``control.dispose``): a folder is renamed out of the
+    requests' names, so that it is answered once, not at each wake-up."""
+    exc = dispose(job.control, f"{PREFIX}{rid}", path)
+    if exc is not None:
         log.warning("ferry run: cannot remove the refused warm request %s (%s)", path, exc)
 
 
