@@ -63,3 +63,7 @@ def test_stopped_twice_in_the_middle_of_an_accumulation_resumes_to_the_plain_run
     assert printed == plain.stdout  # every batch's index, step count and loss; the final weights
     assert runs[-1].files == plain.files  # metrics.jsonl, the save_state folder
     assert sum("resumed from" in line for line in said) == 2, "\n".join(said)
+    # ferry's own step count too: the evaluation loader, built by the same prepare() call,
+    # took over as the training loader at the first evaluation (it said 16 for 17 here)
+    checkpointed = [line for line in said if "checkpointed at step" in line]
+    assert [line.split("checkpointed at step ")[1].split(",")[0] for line in checkpointed] == ["5", "17"]

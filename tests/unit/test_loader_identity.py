@@ -126,8 +126,12 @@ def test_training_loaders_built_per_epoch_replay_finished_epochs(
 
 
 def test_a_training_loader_built_anew_takes_over_at_its_line() -> None:
-    first = Identity(site="train.py:57", ordinal=0, serial=4)
-    assert succeeds(Identity(site="train.py:57", ordinal=1, serial=9), first)
-    assert not succeeds(Identity(site="train.py:90", ordinal=0, serial=9), first)  # an evaluation loader
-    assert not succeeds(first, first)
-    assert not succeeds(None, first)  # explicit mode: the user's names decide
+    first = Identity(site="train.py:57", ordinal=0, serial=4)  # its first pass began with 6 built
+    assert succeeds(Identity(site="train.py:57", ordinal=1, serial=9), first, 6)
+    assert not succeeds(Identity(site="train.py:90", ordinal=0, serial=9), first, 6)  # an evaluation loader
+    assert not succeeds(first, first, 6)
+    assert not succeeds(None, first, 6)  # explicit mode: the user's names decide
+    # Built at the same line before the training loader ran: accelerate's prepare(model, opt,
+    # train_dl, eval_dl) makes both shards at the user's one line (the evaluation loader took
+    # over as the training loader at its first pass, and ferry's step count went wrong).
+    assert not succeeds(Identity(site="train.py:57", ordinal=1, serial=5), first, 6)

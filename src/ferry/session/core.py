@@ -132,7 +132,7 @@ class Session:
                 if self.driver is None or name == "loader":
                     self.driver = tracker
                     self.driver_pinned = name == "loader"
-                elif loader_identity.succeeds(tracker.identity, self.driver.identity):
+                elif loader_identity.succeeds(tracker.identity, self.driver.identity, self.driver.began):
                     tracker.feeding.inherit(self.driver.feeding)
                     self.driver = tracker  # the script builds its training loader anew each epoch
             elif is_stateful(obj) or isinstance(obj, (dict, list)):

@@ -27,7 +27,7 @@ from ferry.state import stateful_loader, worker_rng
 from ferry.state.epoch_replay import apply_epoch_rng, build_skipping, capture_epoch_rng, loader_generators
 from ferry.state.feeding import Feeding
 from ferry.state.inputs import loader_inputs
-from ferry.state.loader_identity import Identity
+from ferry.state.loader_identity import Identity, built_so_far
 from ferry.state.loader_iter import FastForward, TrackedIter
 from ferry.state.rng import set_generator_state
 
@@ -76,6 +76,9 @@ class LoaderTracker:
         """Resume at the very next iter() (explicit restore), not at the saved epoch index."""
         self.identity: Identity | None = None
         """Zero-code mode: where the script built the loader (state/loader_identity.py)."""
+        self.began = built_so_far()
+        """The loaders built before this one was tracked (zero-code mode: before its first
+        pass): one built later at its line may be its successor (``loader_identity.succeeds``)."""
         self.worker_rng: dict[str, Any] = {}
         """Per worker id, its RNG state after its last consumed batch (state/worker_rng.py)."""
         self.feeding = Feeding()

@@ -178,10 +178,16 @@ def _site_of(name: str) -> str:
     return name.partition("#")[0]
 
 
-def succeeds(new: Identity | None, driver: Identity | None) -> bool:
+def succeeds(new: Identity | None, driver: Identity | None, began: int) -> bool:
     """Does a loader built at the training loader's line, after it, take over from it (a
-    script that builds its training loader anew each epoch)?"""
-    return new is not None and driver is not None and new.site == driver.site and new.serial > driver.serial
+    script that builds its training loader anew each epoch)? Only one built once the training
+    loader was tracked (``began``: the loaders built by then; in zero-code mode, when its
+    first pass began): loaders built together at one line, before any ran (accelerate's
+    ``prepare`` makes the training and the evaluation loader at the user's one line; a
+    helper function that builds both), are not successors of each other."""
+    if new is None or driver is None or new.site != driver.site:
+        return False
+    return new.serial > driver.serial and new.serial >= began
 
 
 def replays_finished_epoch(identity: Identity, driver: str | None) -> bool:
