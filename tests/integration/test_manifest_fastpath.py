@@ -1,4 +1,4 @@
-"""The manifest's fast path (``_fitting_records``: the schema of the tensor records and
+"""The manifest's fast path (``fitting_records``: the schema of the tensor records and
 ``check_tensors`` in one pass) accepts a tensor table only where the full check does: a
 table test over the checkpoint fuzzer's manifest edits (tests/integration/fuzz_checkpoints.py,
 ``field_edit`` and ``tensor_edit``; its value tables are copied below) applied to a real
@@ -24,7 +24,8 @@ from fuzz_tables import DEVICES, DTYPES, FILES, HOSTILE, NBYTES, SHAPES
 import ferry
 from ferry.engine.codec import TORCH_DTYPES
 from ferry.errors import FerryError
-from ferry.format.manifest import Manifest, TensorRecord, _fitting_records, _plain_records, check_tensors
+from ferry.format.manifest import Manifest, TensorRecord, check_tensors
+from ferry.format.records import fitting_records, plain_records
 from ferry.typedjson import SchemaError, check, parse
 
 KINDS: list[Any] = ["numpy", "torch", "pickle", None]
@@ -144,9 +145,9 @@ def _full_check(doc: dict[str, Any]) -> bool:
 def test_the_fast_path_accepts_only_what_the_full_check_accepts(manifest: dict[str, Any]) -> None:
     outcomes: dict[tuple[bool, bool], list[str]] = {}
     for label, doc in _edits(manifest):
-        fast = _fitting_records(doc.get("tensors"), doc.get("files")) is not None
+        fast = fitting_records(doc.get("tensors"), doc.get("files")) is not None
         outcomes.setdefault((fast, _full_check(doc)), []).append(label)
-        if _plain_records(doc.get("tensors")) is not None:  # the schema's own fast path agrees
+        if plain_records(doc.get("tensors")) is not None:  # the schema's own fast path agrees
             check(doc["tensors"], list[TensorRecord])  # with the schema: SchemaError otherwise
     assert not outcomes.get((True, False)), f"the fast path let through: {outcomes[(True, False)][:10]}"
     taken = outcomes.get((True, True), [])

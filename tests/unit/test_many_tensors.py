@@ -241,18 +241,19 @@ def test_the_one_pass_record_check_accepts_exactly_what_the_two_checks_accept(
     """A load checks the tensor records in one pass when they are plain and fit; anything
     else goes through the schema and ``check_tensors``, whose messages name the problem.
     The one pass must never accept what those refuse."""
-    from ferry.format.manifest import _fitting_records, _plain_records, check_tensors
+    from ferry.format.manifest import check_tensors
+    from ferry.format.records import fitting_records, plain_records
 
     record = {**GOOD, **change}
     records = [dict(GOOD, offset=0), record, dict(GOOD, offset=128)]
     files: dict[str, Any] = {"data-0.bin": {"size": size, "xxh3_64": "0" * 16}}
     try:
-        ok = _plain_records(records) is not None and type(size) is int and 0 <= size < 2**63
+        ok = plain_records(records) is not None and type(size) is int and 0 <= size < 2**63
         if ok:
             check_tensors(records, files, "ck")  # type: ignore[arg-type]
     except (CorruptCheckpointError, UnsafeCheckpointError):
         ok = False
-    assert (_fitting_records(records, files) is not None) == ok
+    assert (fitting_records(records, files) is not None) == ok
 
 
 def runs_state() -> dict[str, Any]:

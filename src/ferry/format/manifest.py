@@ -14,24 +14,25 @@ import json
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, TypedDict
+from typing import Any, TypedDict
 
 from ferry.errors import CorruptCheckpointError, UnsafeCheckpointError
+from ferry.format.records import MAX_DIMS as MAX_DIMS
+from ferry.format.records import TensorRecord as TensorRecord
+from ferry.format.records import fitting_records, plain_records
 from ferry.format.wire import (
     CHECK,
     FORMAT_NAME,
     FORMAT_VERSION,
-    TORCH_ITEMSIZES,
     Leaves,
     check_device,
-    device_ok,
     manifest_checksum,
     safe_np_dtype,
     torch_itemsize,
     unflatten,
     written_checksum,
 )
-from ferry.typedjson import INT_MAX, INT_MIN, SchemaError, parse
+from ferry.typedjson import SchemaError, parse
 
 
 class FileEntry(TypedDict):
@@ -40,20 +41,6 @@ class FileEntry(TypedDict):
     size: int
     xxh3_64: str
     """XXH3-64 of the whole file, lowercase hex."""
-
-
-class TensorRecord(TypedDict):
-    """Where tensor ``i`` of the tree lies, and what it is."""
-
-    dtype: str
-    """A name from engine/codec.TORCH_DTYPES (torch), or numpy's dtype string (numpy)."""
-    shape: list[int]
-    nbytes: int
-    kind: Literal["torch", "numpy"]
-    device: str
-    """Where it was saved from; informational."""
-    file: str
-    offset: int
 
 
 class Manifest(TypedDict):
@@ -85,8 +72,6 @@ class Part(TypedDict):
 MAX_DEPTH = 200
 """How deep JSON may nest in a manifest: a state tree nested this deep is not a training
 state, and walking a deeper one could exhaust Python's stack anywhere it is used."""
-MAX_DIMS = 32
-"""The most dimensions a tensor may have (numpy's limit before 2.0)."""
 
 
 def check_depth(doc: object, where: str) -> None:
@@ -156,10 +141,10 @@ def parse_manifest(raw: object, where: str, verified: str | None = None) -> Mani
     body = {k: v for k, v in raw.items() if k != "checksum"}
     if not fast and raw.get("checksum") != manifest_checksum(body):
         raise CorruptCheckpointError(f"{where}: manifest checksum mismatch (damaged file)")
-    records = _fitting_records(body.get("tensors"), body.get("files"))
+    records = fitting_records(body.get("tensors"), body.get("files"))
     checked = records is not None  # check_tensors' checks passed already
     if records is None:
-        records = _plain_records(body.get("tensors"))
+        records = plain_records(body.get("tensors"))
     if records is None and fast:  # the schema's messages print values: not nested deep
         check_depth({"tensors": body.get("tensors")}, where)
     try:
@@ -178,122 +163,6 @@ def parse_manifest(raw: object, where: str, verified: str | None = None) -> Mani
         raise _malformed(where, f"created_iso {manifest['created_iso'][:40]!r} is not a UTC time") from None
     _check_body(manifest, manifest["files"], where, tensors_checked=checked)
     return manifest
-
-
-_RECORD_KEYS = len(TensorRecord.__annotations__)
-
-
-def _plain_records(value: object) -> list[TensorRecord] | None:
-    """``value`` itself when it is a list of tensor records exactly as the schema declares
-    them (its keys, no others; each value of its type, integers in range): what every
-    manifest ferry writes holds, checked at a fraction of the schema's cost per record
-    (a checkpoint may hold tens of thousands). None when any record is not: the schema
-    then checks the list, and its message names the field."""
-    if type(value) is not list:
-        return None
-    for e in value:
-        if type(e) is not dict or len(e) != _RECORD_KEYS:
-            return None
-        shape, nbytes, offset = e.get("shape"), e.get("nbytes"), e.get("offset")
-        if not (
-            type(e.get("dtype")) is str
-            and type(e.get("device")) is str
-            and type(e.get("file")) is str
-            and e.get("kind") in ("torch", "numpy")
-            and type(nbytes) is int
-            and type(offset) is int
-            and INT_MIN <= nbytes <= INT_MAX
-            and INT_MIN <= offset <= INT_MAX
-            and type(shape) is list
-        ):
-            return None
-        for dim in shape:
-            if type(dim) is not int or not INT_MIN <= dim <= INT_MAX:
-                return None
-    return value  # type: ignore[return-value]
-
-
-def _file_sizes(files: object) -> dict[object, int] | None:
-    """Each file's size, when ``files`` is a plain dict of plain sizes; None otherwise."""
-    if type(files) is not dict:
-        return None
-    sizes: dict[object, int] = {}
-    for name, meta in files.items():
-        size = meta.get("size") if type(meta) is dict else None
-        if type(size) is not int or not 0 <= size <= INT_MAX:
-            return None
-        sizes[name] = size
-    return sizes
-
-
-def _fitting_records(value: object, files: object) -> list[TensorRecord] | None:
-    """``value`` itself when every record is plain (``_plain_records``) and passes
-    ``check_tensors`` against ``files`` (the manifest's, not yet parsed): both checks in
-    one pass, a field read once, for the tens of thousands of records of a big state. None
-    when any record does not (or ``files`` is not plain): the two checks then run as
-    always, in their order, and their messages say what is wrong."""
-    sizes = _file_sizes(files)
-    if type(value) is not list or sizes is None:
-        return None
-    # A state has few kinds of records: (kind, dtype, device, file) is checked once. Only a
-    # str equals a str in JSON, so a key equal to one found good is made of strs too.
-    seen: dict[tuple[object, ...], tuple[int, int]] = {}
-    for e in value:
-        if type(e) is not dict or len(e) != _RECORD_KEYS:
-            return None
-        try:
-            key = (e["kind"], e["dtype"], e["device"], e["file"])
-            shape, nbytes, offset = e["shape"], e["nbytes"], e["offset"]
-            known = seen.get(key)  # (a list or dict in it is unhashable: TypeError)
-        except (KeyError, TypeError):
-            return None
-        if known is None:
-            if (known := _record_kind(key, sizes)) is None:
-                return None
-            seen[key] = known
-        if type(nbytes) is not int or type(offset) is not int or type(shape) is not list:
-            return None
-        if len(shape) > MAX_DIMS:
-            return None
-        count, empty = 1, False
-        for dim in shape:
-            if type(dim) is not int or dim < 0:
-                return None
-            if dim:
-                count *= dim
-            else:
-                empty = True
-        itemsize, size = known
-        if (
-            count >= 2**62
-            or nbytes != (0 if empty else count * itemsize)
-            or nbytes > INT_MAX
-            or offset < 0
-            or offset % itemsize
-            or offset + nbytes > size
-        ):
-            return None
-    return value  # type: ignore[return-value]
-
-
-def _record_kind(key: tuple[object, ...], sizes: dict[object, int]) -> tuple[int, int] | None:
-    """(item size, file size) for a record's (kind, dtype, device, file) when all four are
-    good: a known dtype of its kind, a device ferry can name, a file of the manifest."""
-    kind, dtype, device, file = key
-    if type(kind) is not str or type(dtype) is not str or type(file) is not str:
-        return None
-    itemsize: int | None = None
-    if kind == "torch":
-        itemsize = TORCH_ITEMSIZES.get(dtype)
-    elif kind == "numpy":
-        try:
-            itemsize = safe_np_dtype(dtype).itemsize
-        except UnsafeCheckpointError:
-            return None
-    size = sizes.get(file)
-    if itemsize is None or size is None or not device_ok(device):
-        return None
-    return itemsize, size
 
 
 def parse_part(raw: object, files: Mapping[str, FileEntry], where: str) -> Part:
