@@ -35,6 +35,8 @@ from typing import Any
 
 import xxhash
 
+from ferry.state.usercode import user_frames  # (the loop's frames: torch-free, imported at start-up)
+
 log = logging.getLogger("ferry")
 _TAIL = 4096
 _MAX_ASIDE = 64 << 20
@@ -109,7 +111,7 @@ class Outputs:
     def capture(self) -> dict[str, Any]:
         """The recorded files' sizes and tail hashes now; the script's file objects in the
         loop's frames are flushed first (their buffered lines belong to the checkpoint)."""
-        for f in _file_objects(_loop_frames(sys._getframe(1))):
+        for f in _file_objects(user_frames(sys._getframe(1))):
             with contextlib.suppress(OSError, ValueError):
                 f.flush()
         files: dict[str, Any] = {}
@@ -129,7 +131,7 @@ class Outputs:
         self.restored = True
         problems: list[str] = []
         records = saved if isinstance(saved, dict) else {}
-        objects = _file_objects(_loop_frames(sys._getframe(1)))
+        objects = _file_objects(user_frames(sys._getframe(1)))
         for f in objects:
             with contextlib.suppress(OSError, ValueError):
                 f.flush()
@@ -212,15 +214,6 @@ def _put_back(path: str, source: str, size: int) -> None:
             dst.write(chunk)
             remaining -= len(chunk)
         dst.truncate(size)
-
-
-def _loop_frames(start: FrameType) -> list[FrameType]:
-    """``autotrack.frames.loop_frames``, imported when first needed: this module is imported
-    by the start-up hook of every Python process under ``ferry run``, which must not import
-    torch (``frames`` does) in a process whose script never does."""
-    from ferry.autotrack.frames import loop_frames
-
-    return loop_frames(start)
 
 
 def _names(f: Any, path: str) -> bool:
